@@ -1,0 +1,20 @@
+"""Test-wide settings: 8 simulated CPU devices (for partition meshes) and hypothesis profiles."""
+
+import os
+
+# Must happen before jax is imported anywhere in the test session.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "dipsjax",
+    deadline=None,
+    max_examples=40,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=True,
+)
+settings.load_profile("dipsjax")

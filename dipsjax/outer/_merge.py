@@ -1,0 +1,195 @@
+"""Merging a contribution batch ``[L, ...]`` into one outer gradient.
+
+Per-learner weights (normalised over the accepted learners, zero elsewhere):
+
+* ``'uniform'``  -- ``w_j = 1`` (synchronous DiLoCo's plain mean).
+* ``'tokens'``   -- ``w_j = T_j`` (Di-PS sec. 8: ``delta = sum_j T_j Delta_j / sum_j T_j``).
+* ``'decoupled'``-- ``w_j = c_tok_j * (c_tok_j / c_steps_j)`` (Decoupled DiLoCo: learners
+  that processed more data in fewer steps weigh more). A learner with zero steps gets 0.
+
+Merges:
+
+* :func:`token_weighted_mean` -- ``delta = sum_j w_j Delta_j``.
+* :func:`radial_directional_average` -- per tensor,
+  ``(sum_j w_j ||v_j||) * phi(sum_j w_j phi(v_j))`` with ``phi(x) = x / ||x||`` and
+  ``phi(0) = 0``: magnitude and direction are averaged separately so the norm of the merged
+  update does not shrink with the number of learners merged (Decoupled DiLoCo, RDA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dipsjax.outer import _base
+
+Weighting = Literal["uniform", "tokens", "decoupled"]
+_WEIGHTINGS = ("uniform", "tokens", "decoupled")
+
+
+def learner_weights(
+    accepted: jax.Array,
+    *,
+    weighting: Weighting = "tokens",
+    tokens: Any = None,
+    steps: Any = None,
+) -> jax.Array:
+    """Normalised ``[L]`` float32 weights; all zero when no learner is accepted."""
+    num = accepted.shape[0]
+    if weighting == "uniform":
+        raw = jnp.ones((num,), jnp.float32)
+    elif weighting in ("tokens", "decoupled"):
+        if tokens is None:
+            raise ValueError(f"weighting={weighting!r} needs the keyword argument tokens=[L]")
+        t = _base.learner_vector(tokens, num, "tokens", jnp.float32)
+        if weighting == "tokens":
+            raw = t
+        else:
+            if steps is None:
+                raise ValueError("weighting='decoupled' needs the keyword argument steps=[L]")
+            s = _base.learner_vector(steps, num, "steps", jnp.float32)
+            raw = jnp.where(s > 0, t * (t / jnp.where(s > 0, s, 1.0)), 0.0)
+    else:
+        raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
+    raw = jnp.where(accepted & jnp.isfinite(raw) & (raw > 0), raw, 0.0)
+    total = jnp.sum(raw)
+    return jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), 0.0)
+
+
+def _weighted_rows(x: jax.Array, weights: jax.Array, accepted: jax.Array) -> jax.Array:
+    """``sum_j w_j x_j`` over the leading axis, skipping rows not accepted (NaN-safe).
+
+    Written as an unrolled sum of ``L`` scaled rows rather than a reduction or a dot: XLA
+    then emits one elementwise loop that reads each row once (about 3x faster on CPU).
+    """
+    zero = jnp.zeros((), jnp.float32)
+    return sum(
+        weights[j] * jnp.where(accepted[j], x[j].astype(jnp.float32), zero)
+        for j in range(x.shape[0])
+    )
+
+
+def weighted_mean(deltas: Any, weights: jax.Array, accepted: jax.Array) -> Any:
+    """``sum_j w_j Delta_j`` per leaf, reading only accepted rows (NaN-safe)."""
+    return jax.tree.map(lambda x: _weighted_rows(x, weights, accepted), deltas)
+
+
+def _unit(x: jax.Array, axes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+    norm = jnp.sqrt(jnp.sum(x * x, axis=axes, keepdims=True))
+    safe = jnp.where(norm > 0, norm, 1.0)
+    return jnp.where(norm > 0, x / safe, 0.0), norm
+
+
+def rda_merge(x: jax.Array, weights: jax.Array, accepted: jax.Array) -> jax.Array:
+    """Radial-directional average of one stacked tensor ``[L, ...]`` (see module doc)."""
+    x32 = _base.rows_where(accepted, x.astype(jnp.float32))
+    feature_axes = tuple(range(1, x32.ndim))
+    units, norms = _unit(x32, feature_axes)
+    magnitude = jnp.sum(weights * norms.reshape(-1))
+    direction = _weighted_rows(units, weights, accepted)
+    direction_unit, _ = _unit(direction, tuple(range(direction.ndim)))
+    return magnitude * direction_unit
+
+
+def default_plain_mean(path: str) -> bool:
+    """Default RDA exception: embedding tables (path mentions 'embed') use the plain mean."""
+    return "embed" in path.lower()
+
+
+def _merge_transform(
+    merge_leaf: Callable[[str, jax.Array, jax.Array, jax.Array], jax.Array],
+    weighting: Weighting,
+) -> optax.GradientTransformationExtraArgs:
+    if weighting not in _WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
+
+    def init_fn(params: Any) -> optax.EmptyState:
+        del params
+        return optax.EmptyState()
+
+    def update_fn(
+        updates: Any,
+        state: optax.EmptyState,
+        params: Any = None,
+        *,
+        tokens: Any = None,
+        steps: Any = None,
+        mask: Any = None,
+        **extra_args: Any,
+    ) -> tuple[Any, optax.EmptyState]:
+        del params, extra_args
+        deltas, accepted = _base.unwrap(updates, mask)
+        w = learner_weights(accepted, weighting=weighting, tokens=tokens, steps=steps)
+        merged = jax.tree_util.tree_map_with_path(
+            lambda path, x: merge_leaf(jax.tree_util.keystr(path), x, w, accepted), deltas
+        )
+        return merged, state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def token_weighted_mean(weighting: Weighting = "tokens") -> optax.GradientTransformationExtraArgs:
+    """Merges ``[L, ...]`` contributions into ``delta = sum_j w_j Delta_j / sum_j w_j``.
+
+    With the default ``weighting='tokens'`` this is Di-PS sec. 8,
+    ``delta = sum_{j in accepted} T_j Delta_j / sum_{j in accepted} T_j``; see the module
+    docstring for ``'uniform'`` and ``'decoupled'``. Reads ``tokens`` (and ``steps`` for
+    ``'decoupled'``) and ``mask`` as ``[L]`` keyword extra args; accepts the output of
+    :func:`reject_anomalies` or a raw stacked batch.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from dipsjax import outer
+      >>> tx = outer.token_weighted_mean()
+      >>> d = {'w': jnp.array([[0.2, 0.4], [0.5, 0.1]])}
+      >>> out, _ = tx.update(d, tx.init(None), tokens=jnp.array([32e3, 64e3]))
+      >>> [round(float(v), 6) for v in out['w']]
+      [0.4, 0.2]
+
+    References:
+      Di-PS, seed 000 sec. 8 and 11; Decoupled DiLoCo (arXiv 2604.21428), token weighting.
+    """
+    return _merge_transform(lambda path, x, w, acc: weighted_mean(x, w, acc), weighting)
+
+
+def decoupled_token_weights() -> optax.GradientTransformationExtraArgs:
+    """Weighted mean with Decoupled DiLoCo's ``w_j = c_tok_j * (c_tok_j / c_steps_j)``."""
+    return token_weighted_mean(weighting="decoupled")
+
+
+def mean() -> optax.GradientTransformationExtraArgs:
+    """Plain mean over the present (or accepted) learners, as in synchronous DiLoCo."""
+    return token_weighted_mean(weighting="uniform")
+
+
+def radial_directional_average(
+    weighting: Weighting = "decoupled",
+    plain_mean: Callable[[str], bool] | None = default_plain_mean,
+) -> optax.GradientTransformationExtraArgs:
+    """Radial-directional averaging (RDA), per tensor.
+
+    ``rda(v) = (sum_j w_j ||v_j|| / sum_j w_j) * phi(sum_j w_j phi(v_j) / sum_j w_j)``,
+    ``phi(x) = x / ||x||``, ``phi(0) = 0``. Its norm equals the weighted mean of the learners'
+    norms (unless the directions cancel exactly), and the RDA of identical inputs is that
+    input.
+
+    Args:
+      weighting: learner weights (default Decoupled DiLoCo's ``c_tok^2 / c_steps``).
+      plain_mean: predicate on a tensor's path (``jax.tree_util.keystr``); tensors for which
+        it is true use the weighted mean instead (default: embeddings, whose rows are
+        updated sparsely). ``None`` applies RDA everywhere.
+
+    References:
+      Decoupled DiLoCo (arXiv 2604.21428), radial-directional averaging; seed 001.
+    """
+
+    def merge_leaf(path: str, x: jax.Array, w: jax.Array, acc: jax.Array) -> jax.Array:
+        if plain_mean is not None and plain_mean(path):
+            return weighted_mean(x, w, acc)
+        return rda_merge(x, w, acc)
+
+    return _merge_transform(merge_leaf, weighting)

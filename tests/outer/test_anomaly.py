@@ -1,0 +1,118 @@
+"""Di-PS anomaly penalty: sec. 8 formulas, sec. 11 worked example, warm-up, NaN, masks."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dipsjax import outer
+
+
+def _decide(state, g, present=None, **kw):
+    g = jnp.asarray(g, jnp.float32)
+    present = jnp.ones(g.shape, bool) if present is None else jnp.asarray(present)
+    return outer.score_learners(state, g, present, **kw)
+
+
+def test_worked_example_rejects_c():
+    # seed 000 sec. 11: G = (4, 5, 81), mu ~ 4.5, sigma ~ 1, max recent E = 2 -> threshold 6.
+    state = outer.init_anomaly_state(mu=4.5, sigma=1.0, recent_scores=(2.0,))
+    dec = _decide(state, [4.0, 5.0, 81.0])
+    np.testing.assert_allclose(dec.scores, [-0.5, 0.5, 76.5], rtol=0, atol=1e-6)
+    assert float(dec.threshold) == pytest.approx(6.0)
+    assert dec.accepted.tolist() == [True, True, False]
+
+
+def test_ema_update_matches_paper_formulas():
+    alpha = 0.02
+    state = outer.init_anomaly_state(mu=4.5, sigma=1.0, recent_scores=(2.0,))
+    g = np.array([4.0, 5.0, 81.0], np.float32)
+    dec = _decide(state, g)
+    new = outer.fold_history(state, g, dec.scores, dec.accepted, alpha=alpha)
+    mu, sigma = 4.5, 1.0
+    for gj in (4.0, 5.0):  # C rejected: never enters the history
+        mu_new = alpha * gj + (1 - alpha) * mu
+        sigma = math.sqrt((1 - alpha) * sigma**2 + alpha * (gj - mu_new) ** 2)
+        mu = mu_new
+    assert float(new.mu) == pytest.approx(mu, rel=1e-6)
+    assert float(new.sigma) == pytest.approx(sigma, rel=1e-6)
+    valid = np.asarray(new.recent_scores)[np.asarray(new.recent_valid)]
+    np.testing.assert_allclose(sorted(valid), [-0.5, 0.5, 2.0], atol=1e-6)
+
+
+def test_whole_learner_rejected_from_summed_shard_norms():
+    # Learner 2 looks normal on each layer alone, but its whole-model norm is anomalous.
+    tx = outer.reject_anomalies(mu0=4.5, sigma0=1.0, recent_scores0=(2.0,))
+    layer_a = jnp.array([[2.0], [2.0], [4.0]])  # squared: 4, 4, 16
+    layer_b = jnp.array([[0.0], [1.0], [8.0]])  # squared: 0, 1, 64  -> G = 4, 5, 80
+    out, _ = tx.update({"a": layer_a, "b": layer_b}, tx.init(None))
+    assert out.accepted.tolist() == [True, True, False]
+
+
+def test_warmup_accepts_then_learns_then_rejects():
+    tx = outer.reject_anomalies(warmup=3)
+    state = tx.init(None)
+    update = jax.jit(tx.update)
+    rng = np.random.default_rng(0)
+    # During warm-up even a large norm is accepted: there is no history to judge it by.
+    out, state = update({"w": jnp.array([[100.0]])}, state)
+    assert out.accepted.tolist() == [True]
+    for _ in range(30):
+        x = 1.0 + 0.05 * rng.standard_normal()
+        out, state = update({"w": jnp.array([[x]])}, state)
+        assert out.accepted.tolist() == [True]
+    # mu started as the running mean (alpha_n = max(alpha, 1/n)), not stuck at 100**2.
+    assert float(state.mu) < 10 * 100.0**2 / 31
+    # Once warm, an outlier is rejected and does not enter the history.
+    before = state
+    out, state = update({"w": jnp.array([[1000.0]])}, state)
+    assert out.accepted.tolist() == [False]
+    assert float(state.mu) == float(before.mu)
+    assert int(state.count) == int(before.count)
+
+
+def test_non_finite_always_rejected_even_when_cold():
+    tx = outer.reject_anomalies()
+    d = {"w": jnp.array([[1.0, 2.0], [jnp.nan, 0.0], [jnp.inf, 1.0]])}
+    out, state = tx.update(d, tx.init(None))
+    assert out.accepted.tolist() == [True, False, False]
+    assert np.isfinite(float(state.mu)) and np.isfinite(float(state.sigma))
+
+
+def test_absent_learners_neither_accepted_nor_folded():
+    tx = outer.reject_anomalies(mu0=4.5, sigma0=1.0, recent_scores0=(2.0,))
+    d = {"w": jnp.array([[2.0], [2.1], [2.2]])}
+    mask = jnp.array([True, False, True])
+    out, state = tx.update(d, tx.init(None), mask=mask)
+    assert out.accepted.tolist() == [True, False, True]
+    assert int(state.count) == 1_000_000 + 2
+
+
+def test_leader_override_is_applied_and_folded():
+    tx = outer.reject_anomalies(mu0=4.5, sigma0=1.0, recent_scores0=(2.0,))
+    d = {"w": jnp.array([[2.0], [2.0]])}
+    out, state = tx.update(d, tx.init(None), accepted=jnp.array([False, True]))
+    assert out.accepted.tolist() == [False, True]
+    assert int(state.count) == 1_000_000 + 1
+
+
+def test_threshold_floor_keeps_threshold_positive():
+    # All recent scores negative: beta * max(recent E) would be <= 0 and reject the mean.
+    state = outer.init_anomaly_state(mu=4.0, sigma=1.0, recent_scores=(-1.0, -0.5))
+    dec = _decide(state, [4.5, 6.5, 7.5])
+    assert float(dec.threshold) == pytest.approx(3.0)
+    assert dec.accepted.tolist() == [True, True, False]
+
+
+def test_invalid_arguments_name_the_field():
+    with pytest.raises(ValueError, match="alpha"):
+        outer.reject_anomalies(alpha=0.0)
+    with pytest.raises(ValueError, match="beta"):
+        outer.reject_anomalies(beta=-1.0)
+    tx = outer.reject_anomalies()
+    with pytest.raises(ValueError, match="mask"):
+        tx.update({"w": jnp.ones((2, 3))}, tx.init(None), mask=jnp.ones(3, bool))
+    with pytest.raises(ValueError, match="leading learner axis"):
+        tx.update({"w": jnp.ones((2, 3)), "b": jnp.ones((3,))}, tx.init(None))

@@ -1,0 +1,66 @@
+"""Wire codecs: documented error bounds, sizes, shapes, jit."""
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dipsjax import outer
+
+arrays = hnp.arrays(
+    np.float32,
+    hnp.array_shapes(min_dims=1, max_dims=3, max_side=20),
+    elements=st.floats(-1e4, 1e4, width=32),
+)
+
+
+@given(
+    x=arrays,
+    codec=st.sampled_from(["fp32", "bf16", "int8", "int4"]),
+    block=st.sampled_from([2, 8, 64]),
+)
+def test_roundtrip_within_documented_bound(x, codec, block):
+    enc = outer.encode(jnp.asarray(x), codec, block_size=block)
+    assert enc.payload.dtype == jnp.uint8
+    y = outer.decode(enc)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    err = np.abs(np.asarray(y, np.float64) - x.astype(np.float64))
+    bound = np.asarray(outer.error_bound(x, codec, block_size=block), np.float64)
+    assert np.all(err <= bound * (1 + 1e-6) + 1e-30)
+
+
+def test_wire_sizes():
+    x = jnp.linspace(-1, 1, 1000)
+    sizes = {c: outer.encode(x, c, block_size=100).nbytes for c in outer.CODECS}
+    assert sizes == {"fp32": 4000, "bf16": 2000, "int8": 1000 + 40, "int4": 500 + 40}
+
+
+def test_int_codecs_tight_on_grid_values():
+    x = jnp.array([-7.0, -3.0, 0.0, 1.0, 7.0, 2.0])
+    np.testing.assert_array_equal(outer.decode(outer.encode(x, "int4", block_size=6)), x)
+
+
+def test_nonfinite_stays_detectable():
+    x = jnp.array([1.0, jnp.nan, 2.0, 3.0])
+    for codec in ("bf16", "int8", "int4"):
+        y = outer.decode(outer.encode(x, codec, block_size=4))
+        assert not np.all(np.isfinite(np.asarray(y)))
+
+
+def test_tree_roundtrip_under_jit():
+    tree = {"a": jnp.arange(10.0).reshape(2, 5), "b": {"c": -jnp.ones((3,))}}
+    enc = jax.jit(lambda t: outer.encode_tree(t, "int8", block_size=4))(tree)
+    # payloads are padded to whole blocks: 12 + 4 bytes, plus one fp32 scale per block
+    assert outer.wire_bytes(enc) == 12 + 3 * 4 + 4 + 1 * 4
+    dec = jax.jit(outer.decode_tree)(enc)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=9 / 254), dec, tree)
+
+
+def test_bad_codec_named():
+    with pytest.raises(ValueError, match="codec"):
+        outer.encode(jnp.ones(3), "int3")
+    with pytest.raises(ValueError, match="block_size"):
+        outer.encode(jnp.ones(3), "int4", block_size=3)

@@ -1,9 +1,16 @@
-"""The ``dipsjax`` command line."""
+"""The ``dipsjax`` command line: ``dipsjax {demo,goodput,...} --help``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
+from collections.abc import Sequence
+
+# Sub-commands whose module owns its own argument parser: ``module.main(argv) -> int``.
+DELEGATED = {
+    "goodput": ("dipsjax.sim.goodput", "chip-scale goodput model (Decoupled DiLoCo)"),
+}
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -21,10 +28,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--learners", type=int, default=4)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DELEGATED:
+        module = importlib.import_module(DELEGATED[argv[0]][0])
+        return module.main(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 

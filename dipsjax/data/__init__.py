@@ -1,0 +1,123 @@
+"""Data layer: corpus -> tokens -> chunks -> (ledger-driven) batches; validation data.
+
+Typical learner-side use::
+
+    from dipsjax import data
+
+    chunks = data.train_chunks("austen", chunk_len=4096)          # int32[868, 4097]
+    ledger = data.LocalLedger(data.new_ledger(len(chunks), seed=0))
+    stream = data.BatchStream(chunks, batch_size=8, seq_len=256,
+                              source=ledger.source("learner-0"))
+    batch = stream.next_batch()                    # batch.inputs, batch.targets; None: wait
+    if batch.finished:                             # after the batch's work is kept
+        ledger.complete("learner-0", batch.chunk)
+    checkpoint = stream.position.to_json()         # resume: BatchStream(..., position=...)
+
+    val = data.validation_data("austen")           # held-out novel: Persuasion
+    for eb in val.batches(batch_size=8, seq_len=256): ...   # eb.tokens, eb.mask
+
+The corpora are installed by ``python -m dipsjax.data.fetch`` (run by ``scripts/setup.sh``).
+The package imports only numpy (``rdata`` is used by the fetch step alone).
+
+The names below load their submodule on first use (PEP 562), so that
+``python -m dipsjax.data.fetch`` runs without importing the rest of the package.
+"""
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Batch": "pipeline",
+    "BatchStream": "pipeline",
+    "ByteTokenizer": "tokenizer",
+    "ChunkLedger": "ledger",
+    "Corpus": "corpus",
+    "CorpusError": "fetch",
+    "DEFAULT_CHUNK_LEN": "pipeline",
+    "DEFAULT_VALIDATION": "corpus",
+    "EpochState": "ledger",
+    "EvalBatch": "pipeline",
+    "Lease": "ledger",
+    "LedgerError": "ledger",
+    "LocalLedger": "ledger",
+    "StreamPosition": "pipeline",
+    "TOKENIZERS": "tokenizer",
+    "Tokenizer": "tokenizer",
+    "ValidationData": "pipeline",
+    "bits_per_byte": "tokenizer",
+    "check_invariants": "ledger",
+    "chunk_tokens": "pipeline",
+    "complete": "ledger",
+    "completed_chunks": "ledger",
+    "corpus_documents": "corpus",
+    "data_dir": "fetch",
+    "encode_documents": "tokenizer",
+    "epoch_order": "ledger",
+    "fixed_order": "ledger",
+    "holder": "ledger",
+    "lease": "ledger",
+    "leases_of": "ledger",
+    "load_corpus": "corpus",
+    "load_text_files": "corpus",
+    "make_tokenizer": "tokenizer",
+    "new_ledger": "ledger",
+    "num_chunks": "pipeline",
+    "release": "ledger",
+    "train_chunks": "pipeline",
+    "unigram_entropy_bits": "tokenizer",
+    "validation_batches": "pipeline",
+    "validation_data": "pipeline",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"dipsjax.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'dipsjax.data' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+__all__ = [
+    "DEFAULT_CHUNK_LEN",
+    "DEFAULT_VALIDATION",
+    "TOKENIZERS",
+    "Batch",
+    "BatchStream",
+    "ByteTokenizer",
+    "ChunkLedger",
+    "Corpus",
+    "CorpusError",
+    "EpochState",
+    "EvalBatch",
+    "Lease",
+    "LedgerError",
+    "LocalLedger",
+    "StreamPosition",
+    "Tokenizer",
+    "ValidationData",
+    "bits_per_byte",
+    "check_invariants",
+    "chunk_tokens",
+    "complete",
+    "completed_chunks",
+    "corpus_documents",
+    "data_dir",
+    "encode_documents",
+    "epoch_order",
+    "fixed_order",
+    "holder",
+    "lease",
+    "leases_of",
+    "load_corpus",
+    "load_text_files",
+    "make_tokenizer",
+    "new_ledger",
+    "num_chunks",
+    "release",
+    "train_chunks",
+    "validation_batches",
+    "validation_data",
+]

@@ -1,0 +1,217 @@
+"""Chunking, training batch streams (exact resume, ledger-driven coverage), validation."""
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dipsjax.data import (
+    BatchStream,
+    LocalLedger,
+    StreamPosition,
+    chunk_tokens,
+    fixed_order,
+    new_ledger,
+    num_chunks,
+    validation_batches,
+)
+
+
+@given(n=st.integers(0, 200), chunk_len=st.integers(1, 40))
+def test_chunk_tokens_layout(n, chunk_len):
+    tokens = np.arange(n, dtype=np.int32) * 7
+    chunks = chunk_tokens(tokens, chunk_len)
+    k = num_chunks(n, chunk_len)
+    assert chunks.shape == (k, chunk_len + 1) and chunks.dtype == np.int32
+    assert k == max(0, (n - 1) // chunk_len)
+    for i in range(k):
+        np.testing.assert_array_equal(chunks[i], tokens[i * chunk_len : (i + 1) * chunk_len + 1])
+    # Every target (tokens[1:]) belongs to exactly one chunk, except the short tail.
+    targets = chunks[:, 1:].reshape(-1)
+    np.testing.assert_array_equal(targets, tokens[1 : 1 + k * chunk_len])
+
+
+def _sizes():
+    return st.tuples(
+        st.integers(1, 6),  # chunks
+        st.integers(1, 4),  # seq_len
+        st.integers(1, 3),  # batch_size
+        st.integers(1, 3),  # batches per chunk
+    )
+
+
+def _make_chunks(num, seq_len, batch, per_chunk, seed=0):
+    chunk_len = seq_len * batch * per_chunk
+    tokens = np.random.default_rng(seed).integers(0, 259, num * chunk_len + 1, dtype=np.int32)
+    return chunk_tokens(tokens, chunk_len)
+
+
+@given(sizes=_sizes(), epochs=st.integers(1, 2), seed=st.integers(0, 5))
+def test_stream_contents_and_token_count(sizes, epochs, seed):
+    num, seq_len, batch, per_chunk = sizes
+    chunks = _make_chunks(num, seq_len, batch, per_chunk, seed)
+    order = fixed_order(num, epochs, seed)
+    stream = BatchStream(chunks, batch_size=batch, seq_len=seq_len, source=order)
+    batches = list(itertools.islice(stream, len(order) * per_chunk + 1))  # bounded
+    assert len(batches) == len(order) * per_chunk
+    assert stream.tokens_consumed == len(batches) * batch * seq_len
+    assert stream.position.batches == len(batches)
+    for i, b in enumerate(batches):
+        assert b.tokens.shape == (batch, seq_len + 1) and b.tokens.dtype == np.int32
+        assert b.chunk == order[i // per_chunk]
+        assert b.finished == (i % per_chunk == per_chunk - 1)
+        np.testing.assert_array_equal(b.inputs, b.tokens[:, :-1])
+        np.testing.assert_array_equal(b.targets, b.tokens[:, 1:])
+    # Per epoch, the targets read are exactly all chunk targets, each once.
+    per_epoch = num * per_chunk
+    for e in range(epochs):
+        got = np.concatenate(
+            [
+                np.concatenate([b.chunk * np.ones((batch, 1), int), b.targets], axis=1)
+                for b in batches[e * per_epoch : (e + 1) * per_epoch]
+            ]
+        )
+        rows = sorted(map(tuple, got.tolist()))
+        expected = sorted(
+            (c, *chunks[c, 1:][j * seq_len : (j + 1) * seq_len].tolist())
+            for c in range(num)
+            for j in range(batch * per_chunk)
+        )
+        assert rows == expected
+
+
+@given(sizes=_sizes(), data=st.data())
+def test_resume_is_exact_fixed_order(sizes, data):
+    num, seq_len, batch, per_chunk = sizes
+    chunks = _make_chunks(num, seq_len, batch, per_chunk)
+    order = fixed_order(num, 2, seed=1)
+
+    def make(position=None):
+        return BatchStream(
+            chunks, batch_size=batch, seq_len=seq_len, source=order, position=position
+        )
+
+    limit = len(order) * per_chunk
+    full = list(itertools.islice(make(), limit + 1))
+    assert len(full) == limit
+    split = data.draw(st.integers(0, len(full)))
+    first = make()
+    head = [first.next_batch() for _ in range(split)]
+    saved = first.position.to_json()
+    tail = list(itertools.islice(make(StreamPosition.from_json(saved)), limit + 1))
+    resumed = head + tail
+    assert len(resumed) == len(full)
+    for a, b in zip(resumed, full, strict=True):
+        np.testing.assert_array_equal(a.tokens, b.tokens)
+        assert (a.chunk, a.finished) == (b.chunk, b.finished)
+    assert StreamPosition.from_json(saved).tokens == split * batch * seq_len
+
+
+@settings(max_examples=30)
+@given(sizes=_sizes(), seed=st.integers(0, 1000), learners=st.integers(1, 4))
+def test_ledger_driven_learners_cover_each_epoch_exactly_once(sizes, seed, learners):
+    """Learners read concurrently through one ledger; some crash (losing their partial chunk,
+    which the ledger re-leases) and some restart from a checkpoint. Every sequence of every
+    chunk is kept exactly once per epoch, and the kept token counts add up."""
+    num, seq_len, batch, per_chunk = sizes
+    chunks = _make_chunks(num, seq_len, batch, per_chunk, seed)
+    epochs = 2
+    shared = LocalLedger(new_ledger(num, seed=seed, max_epochs=epochs))
+    rng = random.Random(seed)
+    names = [f"L{i}" for i in range(learners)]
+
+    def fresh(name, position=None):
+        return BatchStream(
+            chunks,
+            batch_size=batch,
+            seq_len=seq_len,
+            source=shared.source(name),
+            position=position,
+        )
+
+    streams = {n: fresh(n) for n in names}
+    pending = {n: [] for n in names}  # (epoch, chunk, seq) read since the chunk was leased
+    kept = []
+    tokens_kept = 0
+    for _ in range(10_000):
+        if shared.state.finished:
+            break
+        name = rng.choice(names)
+        action = rng.random()
+        if action < 0.1:  # crash: lose unfinished work, the ledger re-leases it
+            shared.release(name)
+            streams[name], pending[name] = fresh(name), []
+            continue
+        if action < 0.2:  # restart from an exact checkpoint of the current position
+            streams[name] = fresh(name, StreamPosition.from_json(streams[name].position.to_json()))
+            continue
+        b = streams[name].next_batch()
+        if b is None:
+            continue
+        leases = {c: ep.epoch for ep in shared.state.epochs for c, lr in ep.leases if lr == name}
+        first = streams[name].position.offset - 1 if not b.finished else per_chunk - 1
+        for r in range(batch):
+            pending[name].append((leases[b.chunk], b.chunk, first * batch + r, b.tokens[r]))
+        if b.finished:
+            shared.complete(name, b.chunk)
+            done = [p for p in pending[name] if p[1] == b.chunk]
+            pending[name] = [p for p in pending[name] if p[1] != b.chunk]
+            kept.extend(done)
+            tokens_kept += len(done) * seq_len
+    assert shared.state.finished
+    assert tokens_kept == epochs * num * batch * per_chunk * seq_len
+    keys = sorted((e, c, j) for e, c, j, _ in kept)
+    assert keys == [
+        (e, c, j) for e in range(epochs) for c in range(num) for j in range(batch * per_chunk)
+    ]
+    for _, c, j, row in kept:
+        np.testing.assert_array_equal(row, chunks[c, j * seq_len : (j + 1) * seq_len + 1])
+
+
+def test_stream_rejects_bad_shapes_and_ids():
+    chunks = _make_chunks(2, 4, 2, 1)
+    with pytest.raises(ValueError, match="never spans two chunks"):
+        BatchStream(chunks, batch_size=3, seq_len=4, source=[0])
+    with pytest.raises(ValueError, match="out of"):
+        BatchStream(chunks, batch_size=2, seq_len=4, source=[5]).next_batch()
+    with pytest.raises(ValueError, match="does not fit"):
+        BatchStream(chunks, batch_size=2, seq_len=4, source=[0], position=StreamPosition(9, 0))
+
+
+def test_callable_source_none_then_more():
+    chunks = _make_chunks(3, 2, 1, 2)
+    supply = [None, 2, None, 0]
+    stream = BatchStream(chunks, batch_size=1, seq_len=2, source=lambda: supply.pop(0))
+    assert stream.next_batch() is None
+    assert [stream.next_batch().chunk for _ in range(2)] == [2, 2]
+    assert stream.next_batch() is None
+    assert stream.next_batch().chunk == 0
+    assert stream.position == StreamPosition(chunk=0, offset=1, chunks_taken=2, batches=3, tokens=6)
+
+
+@given(n=st.integers(0, 60), seq_len=st.integers(1, 7), batch=st.integers(1, 4))
+def test_validation_batches_cover_each_target_once(n, seq_len, batch):
+    bos, pad = 257, 256
+    tokens = np.random.default_rng(n).integers(0, 256, n).astype(np.int32)
+    if n:
+        tokens[0] = bos
+    if n > 10:
+        tokens[7] = bos  # a second document
+    out = list(
+        validation_batches(tokens, batch_size=batch, seq_len=seq_len, pad_id=pad, ignore_ids=(bos,))
+    )
+    targets = []
+    for eb in out:
+        assert eb.tokens.shape == (batch, seq_len + 1) and eb.mask.shape == (batch, seq_len)
+        assert eb.mask.dtype == bool
+        targets += eb.tokens[:, 1:][eb.mask].tolist()
+        assert np.isin(eb.tokens[:, 1:][~eb.mask], [bos, pad]).all()
+    expected = [t for t in tokens[1:].tolist() if t != bos]
+    assert targets == expected  # in order, every non-BOS target once
+    # Inputs preceding each target are the true previous tokens.
+    if out:
+        flat = np.concatenate([eb.tokens[:, :-1].reshape(-1) for eb in out])
+        np.testing.assert_array_equal(flat[: max(0, n - 1)], tokens[: max(0, n - 1)])

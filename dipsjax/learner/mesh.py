@@ -1,0 +1,130 @@
+"""Partition meshes and the shardings derived from parameter annotations.
+
+A *partition* (one learner; a cluster, slice or host in the papers) trains over its own
+device mesh with axes ``("data", "model")``: ``data`` shards the batch and (FSDP-style)
+the ``embed`` dimension of every weight, ``model`` shards heads, MLP and vocabulary
+(tensor parallel), following :data:`dipsjax.model.LOGICAL_AXIS_RULES`.
+
+Axis types are :attr:`jax.sharding.AxisType.Auto` on purpose: the train step is a pure
+function whose inputs and outputs carry ``NamedSharding``\\ s, and the compiler (GSPMD /
+Shardy) propagates shardings through the model, which therefore stays sharding-agnostic.
+``Explicit`` axes would make sharding part of every array's type and require the model to
+resolve each ambiguous contraction itself; that buys nothing here.
+
+Meshes are always passed as arguments (no ``jax.set_mesh``), so several partitions on
+disjoint sub-meshes can step concurrently from different threads of one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+#: The two axes of every partition mesh.
+MESH_AXES: tuple[str, str] = ("data", "model")
+
+
+def make_partition_mesh(
+    devices: Sequence[jax.Device] | None = None,
+    *,
+    data: int | None = None,
+    model: int = 1,
+) -> Mesh:
+    """A ``(data, model)`` mesh over exactly ``devices`` (default: all local devices).
+
+    Args:
+      devices: the partition's devices; their order is kept (row-major: neighbours along
+        ``model`` are consecutive).
+      data: size of the ``data`` axis; ``None`` means ``len(devices) // model``.
+      model: size of the ``model`` (tensor-parallel) axis.
+
+    Both axes are ``AxisType.Auto`` (see the module docstring; with ``Explicit`` axes the
+    embedding gather, for one, would need an explicit ``out_sharding``).
+    """
+    devs = list(jax.local_devices() if devices is None else devices)
+    if not devs:
+        raise ValueError("make_partition_mesh needs at least one device")
+    if len({d.id for d in devs}) != len(devs):
+        raise ValueError("make_partition_mesh: devices must be distinct")
+    if not isinstance(model, int) or model < 1 or len(devs) % model:
+        raise ValueError(
+            f"make_partition_mesh: model must be an integer >= 1 dividing the number of "
+            f"devices ({len(devs)}), got {model!r}"
+        )
+    if data is None:
+        data = len(devs) // model
+    if not isinstance(data, int) or data < 1 or data * model != len(devs):
+        raise ValueError(
+            f"make_partition_mesh: data * model must equal the number of devices "
+            f"({len(devs)}), got data={data!r}, model={model}"
+        )
+    grid = np.empty((data, model), dtype=object)
+    for i, d in enumerate(devs):
+        grid[i // model, i % model] = d
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+def split_devices(
+    devices: Sequence[jax.Device] | None = None, num_partitions: int = 1
+) -> list[list[jax.Device]]:
+    """Splits ``devices`` (default: all local) into ``num_partitions`` disjoint equal groups."""
+    devs = list(jax.local_devices() if devices is None else devices)
+    if num_partitions < 1 or len(devs) % num_partitions:
+        raise ValueError(
+            f"split_devices: num_partitions must be >= 1 and divide the number of devices "
+            f"({len(devs)}), got {num_partitions}"
+        )
+    size = len(devs) // num_partitions
+    return [devs[i * size : (i + 1) * size] for i in range(num_partitions)]
+
+
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
+    """Drops mesh axes from dimensions they do not divide evenly (those stay replicated).
+
+    JAX requires even tiling; e.g. the byte vocabulary (260) over ``model = 8`` is kept
+    whole. The rule is generic (per dimension), never chosen per array.
+    """
+    sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    out: list[Any] = []
+    for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec)), strict=True):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        kept: list[str] = []
+        tiles = 1
+        for ax in axes:
+            if dim % (tiles * sizes[ax]) == 0:
+                kept.append(ax)
+                tiles *= sizes[ax]
+        out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    while out and out[-1] is None:
+        out.pop()
+    return PartitionSpec(*out)
+
+
+def shardings_for(tree: Any, mesh: Mesh) -> Any:
+    """``NamedSharding`` for every leaf of an NNX state tree, from its partition metadata.
+
+    Leaves inside ``nnx.Variable`` nodes annotated with ``nnx.with_partitioning`` use their
+    logical axes mapped by their ``sharding_rules`` (``nnx.get_partition_spec``), then
+    :func:`fit_spec`; plain array leaves (e.g. optimizer step counts) are replicated. Works
+    on any tree derived from the parameters by ``jax.tree.map`` (gradients, AdamW moments),
+    because those keep the ``Variable`` nodes and their metadata.
+    """
+    specs = nnx.get_partition_spec(tree)
+    return jax.tree.map(
+        lambda spec, leaf: NamedSharding(mesh, fit_spec(spec, leaf.shape, mesh)), specs, tree
+    )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Token batches ``[batch, seq + 1]`` are split over ``data`` along the batch."""
+    return NamedSharding(mesh, PartitionSpec("data", None))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    """Fully replicated over the partition (scalars, metrics)."""
+    return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,433 @@
+"""The learner's inner step: a pure, jitted, sharded AdamW step over a partition mesh.
+
+Inner optimisation (Di-PS seed 000 sec. 3, DiLoCo): each learner runs H steps of
+
+    g_t = clip(grad L(theta_t; x_t), c)        (global-norm clipping, c = clip_norm)
+    theta_{t+1} = AdamW(theta_t, g_t; lr_t)    (optax.adamw, lr 6e-5 in the paper, sec. 13)
+
+with ``L`` the mean next-token cross-entropy over a batch ``[batch, seq + 1]`` of int32
+tokens (inputs ``x[:, :-1]``, targets ``x[:, 1:]``). Parameters are FP32 master weights;
+with ``ModelConfig.dtype = "bfloat16"`` the forward and backward pass run in BF16 and the
+gradients arrive in FP32 (they are gradients with respect to the FP32 parameters).
+
+The NNX model is split once (``nnx.split``) into a static graph definition and an
+``nnx.State`` of parameters; every function below is pure over pytrees,
+``(params, opt_state, batch) -> (params, opt_state, metrics)``, jitted with explicit
+``in_shardings``/``out_shardings`` derived from the parameter annotations and with the
+parameter and optimizer buffers donated. Without a mesh the same functions are jitted
+unsharded on one device: the reference the sharded step must match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from dipsjax.learner.mesh import batch_sharding, replicated, shardings_for
+from dipsjax.model.configs import ModelConfig
+from dipsjax.model.llama import Llama, abstract_model
+
+PyTree = Any
+
+_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InnerOptimizerConfig:
+    """Inner AdamW settings (defaults: Di-PS seed 000 sec. 13, lr 6e-5; the rest is usual).
+
+    Attributes:
+      learning_rate: peak learning rate.
+      warmup_steps: linear warmup from 0 to ``learning_rate`` over this many steps.
+      schedule: after warmup, ``"constant"``, ``"cosine"`` or ``"linear"`` decay.
+      decay_steps: length of the decay after warmup (required > 0 for cosine/linear).
+      end_lr_ratio: final learning rate of a decay, as a fraction of ``learning_rate``.
+      b1, b2, eps: AdamW moment decay rates and denominator epsilon.
+      weight_decay: decoupled weight decay, applied to matrices only (ndim >= 2).
+      clip_norm: global gradient-norm clipping threshold; ``None`` disables clipping.
+
+    The schedule counts the learner's own inner steps across rounds (the AdamW state
+    persists across rounds; a pull replaces parameters only).
+    """
+
+    learning_rate: float = 6e-5
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    decay_steps: int = 0
+    end_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if not self.learning_rate > 0:
+            raise ValueError(f"{name}.learning_rate must be > 0, got {self.learning_rate!r}")
+        for field in ("warmup_steps", "decay_steps"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}.{field} must be an integer >= 0, got {value!r}")
+        if self.schedule not in _SCHEDULES:
+            raise ValueError(f"{name}.schedule must be one of {_SCHEDULES}, got {self.schedule!r}")
+        if self.schedule != "constant" and self.decay_steps < 1:
+            raise ValueError(
+                f"{name}.decay_steps must be >= 1 for schedule={self.schedule!r}, "
+                f"got {self.decay_steps}"
+            )
+        if not 0.0 <= self.end_lr_ratio <= 1.0:
+            raise ValueError(f"{name}.end_lr_ratio must be in [0, 1], got {self.end_lr_ratio!r}")
+        for field in ("b1", "b2"):
+            if not 0.0 <= getattr(self, field) < 1.0:
+                raise ValueError(f"{name}.{field} must be in [0, 1), got {getattr(self, field)!r}")
+        if not self.eps > 0:
+            raise ValueError(f"{name}.eps must be > 0, got {self.eps!r}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"{name}.weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.clip_norm is not None and not self.clip_norm > 0:
+            raise ValueError(f"{name}.clip_norm must be > 0 or None, got {self.clip_norm!r}")
+
+
+def learning_rate_schedule(config: InnerOptimizerConfig) -> optax.Schedule:
+    """Linear warmup to the peak, then constant, cosine or linear decay to ``end_lr_ratio``."""
+    peak, end = config.learning_rate, config.learning_rate * config.end_lr_ratio
+    if config.schedule == "constant":
+        after = optax.constant_schedule(peak)
+    elif config.schedule == "cosine":
+        after = optax.cosine_decay_schedule(peak, config.decay_steps, alpha=config.end_lr_ratio)
+    else:
+        after = optax.linear_schedule(peak, end, config.decay_steps)
+    if config.warmup_steps == 0:
+        return after
+    warmup = optax.linear_schedule(0.0, peak, config.warmup_steps)
+    return optax.join_schedules([warmup, after], [config.warmup_steps])
+
+
+def _decay_mask(params: PyTree) -> PyTree:
+    return jax.tree.map(lambda x: x.ndim >= 2, params)
+
+
+def make_inner_optimizer(config: InnerOptimizerConfig) -> optax.GradientTransformation:
+    """``clip_by_global_norm(c) -> adamw(schedule)`` as an ``optax.named_chain``."""
+    parts: list[tuple[str, optax.GradientTransformation]] = []
+    if config.clip_norm is not None:
+        parts.append(("clip", optax.clip_by_global_norm(config.clip_norm)))
+    parts.append(
+        (
+            "adamw",
+            optax.adamw(
+                learning_rate_schedule(config),
+                b1=config.b1,
+                b2=config.b2,
+                eps=config.eps,
+                weight_decay=config.weight_decay,
+                mask=_decay_mask,
+            ),
+        )
+    )
+    return optax.named_chain(*parts)
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Per-token ``-log softmax(logits)[target]`` in nats, float32, shape of ``targets``."""
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return lse - picked
+
+
+def split_batch(batch: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``[batch, seq + 1]`` tokens -> inputs ``[:, :-1]`` and targets ``[:, 1:]``."""
+    return batch[:, :-1], batch[:, 1:]
+
+
+def check_batch(batch: Any) -> tuple[int, int]:
+    """Validates a token batch's shape and dtype; returns ``(batch, seq_len)``."""
+    if not hasattr(batch, "shape") or not hasattr(batch, "dtype"):
+        batch = np.asarray(batch)
+    shape = tuple(batch.shape)
+    if len(shape) != 2 or shape[1] < 2 or shape[0] < 1:
+        raise ValueError(
+            f"a batch must be int32 [batch, seq_len + 1] with seq_len >= 1, got {shape}"
+        )
+    if not jnp.issubdtype(batch.dtype, jnp.integer):
+        raise ValueError(f"a batch must hold integer token ids, got dtype {batch.dtype}")
+    return shape[0], shape[1] - 1
+
+
+def tokens_in(batch: Any) -> int:
+    """Tokens a step trains on: ``batch * seq_len`` (the target count), an exact int."""
+    b, s = check_batch(batch)
+    return b * s
+
+
+def params_to_dict(params: nnx.State) -> dict[str, Any]:
+    """An ``nnx.State`` as a plain nested dict with string keys (layer ``i`` -> ``"i"``)."""
+
+    def strkeys(x: Any) -> Any:
+        if isinstance(x, Mapping):
+            return {str(k): strkeys(v) for k, v in x.items()}
+        return x
+
+    return strkeys(nnx.to_pure_dict(params))
+
+
+def params_from_dict(template: nnx.State, tree: Mapping[str, Any]) -> nnx.State:
+    """Inverse of :func:`params_to_dict` onto ``template``'s structure (keys and shapes checked).
+
+    Leaves are taken as given (no copy, no cast): see :meth:`InnerStep.put_params`.
+    """
+
+    def match(tmpl: Any, given: Any, path: str) -> Any:
+        if isinstance(tmpl, Mapping):
+            if not isinstance(given, Mapping):
+                raise ValueError(f"parameter tree: expected a dict at {path or '/'}")
+            keys = {str(k) for k in tmpl}
+            if set(given) != keys:
+                missing, extra = sorted(keys - set(given)), sorted(set(given) - keys)
+                raise ValueError(
+                    f"parameter tree at {path or '/'}: missing keys {missing}, unexpected {extra}"
+                )
+            return {k: match(v, given[str(k)], f"{path}/{k}") for k, v in tmpl.items()}
+        if tuple(np.shape(given)) != tuple(tmpl.shape):
+            raise ValueError(
+                f"parameter {path}: expected shape {tuple(tmpl.shape)}, "
+                f"got {tuple(np.shape(given))}"
+            )
+        return given
+
+    pure = match(nnx.to_pure_dict(template), tree, "")
+    out = jax.tree.map(lambda x: x, template)
+    nnx.replace_by_pure_dict(out, pure)
+    return out
+
+
+def make_logits_fn(graphdef: nnx.GraphDef, *, activation_sharding: Any = None):
+    """``logits(params, inputs)`` of the merged model (float32)."""
+
+    def logits_fn(params: nnx.State, inputs: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, params)(inputs, activation_sharding=activation_sharding)
+
+    return logits_fn
+
+
+def make_loss_fn(graphdef: nnx.GraphDef, *, activation_sharding: Any = None):
+    """``loss(params, batch) -> mean cross-entropy`` (nats/token) of the merged model."""
+    logits_fn = make_logits_fn(graphdef, activation_sharding=activation_sharding)
+
+    def loss_fn(params: nnx.State, batch: jax.Array) -> jax.Array:
+        inputs, targets = split_batch(batch)
+        return jnp.mean(cross_entropy(logits_fn(params, inputs), targets))
+
+    return loss_fn
+
+
+def make_train_step(
+    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, activation_sharding: Any = None
+):
+    """The pure inner step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    ``metrics = {"loss": L(theta_t; x_t), "grad_norm": ||grad||_2 before clipping}``.
+    """
+    loss_fn = make_loss_fn(graphdef, activation_sharding=activation_sharding)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+    return train_step
+
+
+@dataclasses.dataclass(frozen=True)
+class _InnerFunctions:
+    tx: optax.GradientTransformation
+    graphdef: nnx.GraphDef
+    abstract_params: nnx.State
+    param_shardings: Any
+    opt_shardings: Any
+    batch_sharding: Any
+    activation_sharding: Any
+    step: Any
+    loss_and_grads: Any
+    eval_sums: Any
+    init_opt_state: Any
+    init_params: Any
+    copy: Any
+
+
+@functools.lru_cache(maxsize=64)
+def _inner_functions(
+    config: ModelConfig, optimizer: InnerOptimizerConfig, mesh: Mesh | None, donate: bool
+) -> _InnerFunctions:
+    """Builds (once per configuration, optimizer and mesh) the jitted inner functions.
+
+    Cached so that learners of one configuration on equal meshes (e.g. the simulator's many
+    unsharded learners) share compiled executables; ``jax.jit`` functions are thread-safe.
+    """
+    tx = make_inner_optimizer(optimizer)
+    graphdef, abstract_params = nnx.split(abstract_model(config), nnx.Param)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    act = None if mesh is None else NamedSharding(mesh, PartitionSpec("data", None, None))
+    train_step = make_train_step(graphdef, tx, activation_sharding=act)
+    loss_fn = make_loss_fn(graphdef, activation_sharding=act)
+    logits_fn = make_logits_fn(graphdef, activation_sharding=act)
+
+    def init_params(seed):
+        return nnx.split(Llama(config, rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param)[1]
+
+    def loss_and_grads(params, batch):
+        return jax.value_and_grad(loss_fn)(params, batch)
+
+    def eval_sums(params, batch):
+        inputs, targets = split_batch(batch)
+        nats = cross_entropy(logits_fn(params, inputs), targets)
+        return jnp.sum(nats), jnp.asarray(nats.size, jnp.int32)
+
+    def copy(tree):
+        return jax.tree.map(jnp.copy, tree)
+
+    donated = (0, 1) if donate else ()
+    if mesh is None:
+        return _InnerFunctions(
+            tx=tx,
+            graphdef=graphdef,
+            abstract_params=abstract_params,
+            param_shardings=None,
+            opt_shardings=None,
+            batch_sharding=None,
+            activation_sharding=None,
+            step=jax.jit(train_step, donate_argnums=donated),
+            loss_and_grads=jax.jit(loss_and_grads),
+            eval_sums=jax.jit(eval_sums),
+            init_opt_state=jax.jit(tx.init),
+            init_params=jax.jit(init_params),
+            copy=jax.jit(copy),
+        )
+    ps = shardings_for(abstract_params, mesh)
+    os_ = shardings_for(abstract_opt, mesh)
+    bs = batch_sharding(mesh)
+    rep = replicated(mesh)
+    return _InnerFunctions(
+        tx=tx,
+        graphdef=graphdef,
+        abstract_params=abstract_params,
+        param_shardings=ps,
+        opt_shardings=os_,
+        batch_sharding=bs,
+        activation_sharding=act,
+        step=jax.jit(
+            train_step,
+            in_shardings=(ps, os_, bs),
+            out_shardings=(ps, os_, {"loss": rep, "grad_norm": rep}),
+            donate_argnums=donated,
+        ),
+        loss_and_grads=jax.jit(loss_and_grads, in_shardings=(ps, bs), out_shardings=(rep, ps)),
+        eval_sums=jax.jit(eval_sums, in_shardings=(ps, bs), out_shardings=(rep, rep)),
+        init_opt_state=jax.jit(tx.init, in_shardings=(ps,), out_shardings=os_),
+        init_params=jax.jit(init_params, out_shardings=ps),
+        copy=jax.jit(copy, in_shardings=(ps,), out_shardings=ps),
+    )
+
+
+class InnerStep:
+    """The jitted inner-loop functions of one partition (or unsharded, ``mesh=None``).
+
+    Attributes:
+      config: the model configuration.
+      mesh: the partition mesh, or ``None`` for the single-device reference.
+      graphdef: the static NNX graph definition.
+      abstract_params: ``nnx.State`` of ``ShapeDtypeStruct`` with partition metadata.
+      tx: the inner optimizer (:func:`make_inner_optimizer`).
+      param_shardings, opt_shardings, batch_sharding: ``NamedSharding`` trees (``None``
+        without a mesh).
+
+    Functions (all jitted, all pure): :meth:`step`, :meth:`loss_and_grads`,
+    :meth:`eval_sums`, :meth:`init_params`, :meth:`init_opt_state`.
+
+    Example::
+
+        mesh = make_partition_mesh(jax.devices()[:4], model=2)
+        inner = InnerStep(get_config("tiny"), InnerOptimizerConfig(), mesh=mesh)
+        params = inner.init_params(0)
+        opt_state = inner.init_opt_state(params)
+        params, opt_state, metrics = inner.step(params, opt_state, inner.put_batch(tokens))
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        optimizer: InnerOptimizerConfig | None = None,
+        *,
+        mesh: Mesh | None,
+        donate: bool = True,
+    ):
+        self.config = config
+        self.optimizer = optimizer or InnerOptimizerConfig()
+        self.mesh = mesh
+        fns = _inner_functions(config, self.optimizer, mesh, donate)
+        self.tx = fns.tx
+        self.graphdef, self.abstract_params = fns.graphdef, fns.abstract_params
+        self.param_shardings, self.opt_shardings = fns.param_shardings, fns.opt_shardings
+        self.batch_sharding = fns.batch_sharding
+        self.activation_sharding = fns.activation_sharding
+        self.step = fns.step
+        self.loss_and_grads = fns.loss_and_grads
+        self.eval_sums = fns.eval_sums
+        self.init_opt_state = fns.init_opt_state
+        self._init_params = fns.init_params
+        self._copy = fns.copy
+        self._param_dtypes = jax.tree.map(lambda x: x.dtype, self.abstract_params)
+
+    def init_params(self, seed: int = 0) -> nnx.State:
+        """Freshly initialised parameters (``Llama(config, rngs=nnx.Rngs(seed))``), sharded."""
+        return self._init_params(jnp.asarray(seed, jnp.uint32))
+
+    def copy_params(self, params: nnx.State) -> nnx.State:
+        """A copy in new buffers (survives donation of ``params`` to :meth:`step`)."""
+        return self._copy(params)
+
+    def put_params(self, tree: Mapping[str, Any] | nnx.State) -> nnx.State:
+        """Parameters from a nested dict (or ``State``) as new sharded buffers in ``param_dtype``.
+
+        Never aliases the input: the result can be donated to :meth:`step` safely.
+        """
+        if not isinstance(tree, nnx.State):
+            tree = params_from_dict(self.abstract_params, tree)
+
+        def put(x: Any, dtype: Any, sharding: Any) -> jax.Array:
+            if isinstance(x, jax.Array):
+                x = x if x.dtype == dtype else x.astype(dtype)
+            else:
+                x = np.asarray(x, dtype=dtype)
+            return jax.device_put(x, sharding, may_alias=False)
+
+        if self.param_shardings is None:
+            device = jax.local_devices()[0]
+            return jax.tree.map(lambda x, dt: put(x, dt, device), tree, self._param_dtypes)
+        return jax.tree.map(put, tree, self._param_dtypes, self.param_shardings)
+
+    def put_batch(self, batch: Any) -> jax.Array:
+        """A host batch ``[batch, seq + 1]`` as int32 on the partition (split over ``data``)."""
+        check_batch(batch)
+        arr = np.asarray(batch, dtype=np.int32) if not isinstance(batch, jax.Array) else batch
+        if self.batch_sharding is None:
+            return jax.device_put(arr, jax.local_devices()[0])
+        return jax.device_put(arr, self.batch_sharding)
+
+
+def bits_per_byte(loss_nats: float, *, bytes_per_token: float = 1.0) -> float:
+    """``bpb = loss / (ln 2 * bytes_per_token)``; byte-level tokens: ``loss / ln 2``."""
+    return loss_nats / (math.log(2.0) * bytes_per_token)

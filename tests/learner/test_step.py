@@ -1,0 +1,217 @@
+"""The inner step: sharded equals unsharded on 1-8 devices; optimizer, donation, BF16."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from dipsjax.learner import (
+    InnerOptimizerConfig,
+    InnerStep,
+    cross_entropy,
+    make_inner_optimizer,
+    make_partition_mesh,
+    params_from_dict,
+    params_to_dict,
+    tokens_in,
+)
+from dipsjax.learner.step import learning_rate_schedule
+from dipsjax.model import Llama, get_config
+
+# Large enough that AdamW moves parameters visibly in two steps.
+OPT = InnerOptimizerConfig(learning_rate=1e-3)
+
+
+def batches(n, *, batch=8, seq=32, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 260, (batch, seq + 1)).astype(np.int32) for _ in range(n)]
+
+
+def host(tree):
+    # Copies: a NumPy view of a CPU buffer would pin it and block donation.
+    return [np.array(x, copy=True) for x in jax.tree.leaves(jax.device_get(tree))]
+
+
+@functools.cache
+def tiny_init(**overrides):
+    """Host copy of ``Llama(tiny, rngs=nnx.Rngs(0))``'s parameters (built eagerly, once)."""
+    model = Llama(get_config("tiny", **overrides), rngs=nnx.Rngs(0))
+    return jax.device_get(params_to_dict(nnx.state(model, nnx.Param)))
+
+
+def run_two_steps(inner, init, data):
+    params = inner.put_params(init)
+    opt_state = inner.init_opt_state(params)
+    metrics = []
+    for batch in data:
+        old = params, opt_state
+        params, opt_state, m = inner.step(params, opt_state, inner.put_batch(batch))
+        # The step donates the parameter and optimizer buffers.
+        assert all(x.is_deleted() for x in jax.tree.leaves(old)), [
+            (jax.tree_util.keystr(k), x.shape)
+            for k, x in jax.tree_util.tree_leaves_with_path(old)
+            if not x.is_deleted()
+        ]
+        metrics.append({k: float(v) for k, v in m.items()})
+        if not metrics[1:]:
+            # After one step mu = (1 - b1) * g (the gradient norm is below the clip norm).
+            mu = host(opt_state["adamw"][0].mu)
+    return metrics, mu, host(params), host(opt_state)
+
+
+@pytest.fixture(scope="module")
+def unsharded():
+    inner = InnerStep(get_config("tiny"), OPT, mesh=None)
+    init = tiny_init()
+    loss, grads = inner.loss_and_grads(inner.put_params(init), inner.put_batch(batches(1)[0]))
+    return init, float(loss), host(grads), run_two_steps(inner, init, batches(2))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (8, 1)])
+def test_sharded_step_matches_unsharded(shape, unsharded):
+    init, ref_loss, ref_grads, (ref_metrics, ref_mu, ref_params, ref_opt) = unsharded
+    data, model = shape
+    mesh = make_partition_mesh(jax.devices()[: data * model], data=data, model=model)
+    inner = InnerStep(get_config("tiny"), OPT, mesh=mesh)
+    metrics, mu, params, opt_state = run_two_steps(inner, init, batches(2))
+    assert metrics[0]["loss"] == pytest.approx(ref_loss, rel=1e-6)
+    assert metrics[0]["grad_norm"] < OPT.clip_norm
+    for got, want in zip(metrics, ref_metrics, strict=True):
+        assert got == pytest.approx(want, rel=1e-5)
+    # Gradients: sharded (from the first AdamW moment) against the unsharded value_and_grad.
+    for got, want in zip(mu, ref_grads, strict=True):
+        np.testing.assert_allclose(got / (1 - OPT.b1), want, rtol=1e-4, atol=1e-7)
+    for got, want in zip(mu, ref_mu, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-8)
+    # AdamW divides by |g| per element, so where g ~ 0 a rounding-level change of g moves the
+    # update by up to a whole step: all elements within 2 steps, all but 0.1% within 1%.
+    lr = OPT.learning_rate
+    for got, want in zip(params, ref_params, strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2 * 2 * lr)
+        assert np.mean(np.abs(got - want) > 1e-2 * lr) < 1e-3
+    for got, want in zip(opt_state, ref_opt, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    shardings = jax.tree.leaves(inner.param_shardings)
+    assert all(s.mesh is mesh for s in shardings)
+
+
+def test_sharded_init_equals_unsharded_init(unsharded):
+    init = unsharded[0]
+    inner = InnerStep(get_config("tiny"), OPT, mesh=make_partition_mesh(jax.devices()[:8], model=2))
+    params = inner.init_params(0)
+    assert {s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, params))} == {
+        s.spec for s in jax.tree.leaves(inner.param_shardings)
+    }
+    for got, want in zip(host(params), host(init), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_loss_is_mean_next_token_cross_entropy(unsharded):
+    init, loss = unsharded[0], unsharded[1]
+    batch = batches(1)[0]
+    model = Llama(get_config("tiny"), rngs=nnx.Rngs(0))
+    logits = np.asarray(model(jnp.asarray(batch[:, :-1])), np.float64)
+    logp = logits - np.log(np.sum(np.exp(logits), -1, keepdims=True))
+    want = -np.mean(np.take_along_axis(logp, batch[:, 1:, None], -1))
+    assert loss == pytest.approx(want, rel=1e-5)
+    assert loss == pytest.approx(np.log(260), rel=0.05)  # near-uniform at initialisation
+    assert jax.tree.leaves(init)[0].dtype == np.float32
+    np.testing.assert_allclose(
+        cross_entropy(jnp.zeros((1, 3, 4)), jnp.array([[0, 1, 3]])), np.full((1, 3), np.log(4))
+    )
+
+
+def test_bf16_compute_keeps_fp32_master_weights(unsharded):
+    inner = InnerStep(get_config("tiny", dtype="bfloat16"), OPT, mesh=None)
+    params = inner.put_params(unsharded[0])
+    params, opt_state, metrics = inner.step(
+        params, inner.init_opt_state(params), inner.put_batch(batches(1)[0])
+    )
+    # Gradients are taken with respect to FP32 parameters: FP32 moments, FP32 weights.
+    assert {x.dtype for x in jax.tree.leaves((params, opt_state))} <= {
+        jnp.dtype("float32"),
+        jnp.dtype("int32"),
+    }
+    assert float(metrics["loss"]) == pytest.approx(unsharded[1], abs=0.02)
+
+
+def test_tokens_counted_as_batch_times_seq_len():
+    assert tokens_in(np.zeros((8, 129), np.int32)) == 8 * 128
+    with pytest.raises(ValueError, match="seq_len"):
+        tokens_in(np.zeros((8,), np.int32))
+    with pytest.raises(ValueError, match="integer"):
+        tokens_in(np.zeros((2, 5), np.float32))
+
+
+def test_defaults_follow_the_paper():
+    config = InnerOptimizerConfig()
+    assert config.learning_rate == 6e-5 and config.clip_norm == 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"learning_rate": 0.0}, "learning_rate"),
+        ({"schedule": "step"}, "schedule"),
+        ({"schedule": "cosine"}, "decay_steps"),
+        ({"warmup_steps": -1}, "warmup_steps"),
+        ({"b2": 1.0}, "b2"),
+        ({"clip_norm": 0.0}, "clip_norm"),
+        ({"end_lr_ratio": 2.0}, "end_lr_ratio"),
+    ],
+)
+def test_invalid_optimizer_fields_are_named(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        InnerOptimizerConfig(**overrides)
+
+
+def test_schedules():
+    warm = learning_rate_schedule(InnerOptimizerConfig(learning_rate=1.0, warmup_steps=4))
+    assert [float(warm(i)) for i in (0, 2, 4, 100)] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+    cos = learning_rate_schedule(
+        InnerOptimizerConfig(
+            learning_rate=1.0, warmup_steps=2, schedule="cosine", decay_steps=10, end_lr_ratio=0.1
+        )
+    )
+    assert float(cos(2)) == pytest.approx(1.0)
+    assert float(cos(7)) == pytest.approx(0.55, rel=1e-5)
+    assert float(cos(12)) == pytest.approx(0.1, rel=1e-5)
+    lin = learning_rate_schedule(
+        InnerOptimizerConfig(learning_rate=1.0, schedule="linear", decay_steps=10, end_lr_ratio=0.0)
+    )
+    assert float(lin(5)) == pytest.approx(0.5)
+
+
+def test_clipping_and_decay_mask():
+    params = {"w": jnp.ones((2, 2)), "b": jnp.ones((2,))}
+    grads = {"w": jnp.full((2, 2), 100.0), "b": jnp.zeros((2,))}
+    tx = make_inner_optimizer(
+        InnerOptimizerConfig(learning_rate=1.0, clip_norm=1.0, weight_decay=0.5)
+    )
+    state = tx.init(params)
+    assert "clip" in state and "adamw" in state
+    clipped, _ = optax.clip_by_global_norm(1.0).update(grads, optax.EmptyState())
+    assert float(optax.tree.norm(clipped)) == pytest.approx(1.0)
+    updates, _ = tx.update(grads, state, params)
+    # Matrices decay (update = -(1 + 0.5 * 1)), vectors do not (zero gradient, no decay).
+    np.testing.assert_allclose(updates["w"], -1.5, rtol=1e-4)
+    np.testing.assert_allclose(updates["b"], 0.0)
+
+
+def test_parameter_dicts_round_trip_and_name_mismatches():
+    inner = InnerStep(get_config("tiny"), OPT, mesh=None)
+    tree = tiny_init()
+    state = params_from_dict(inner.abstract_params, tree)
+    again = params_to_dict(state)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(tree), strict=True):
+        assert a is b
+    bad = {**tree, "final_norm": {"scale": np.zeros((3,), np.float32)}}
+    with pytest.raises(ValueError, match=r"final_norm/scale.*\(64,\)"):
+        params_from_dict(inner.abstract_params, bad)
+    missing = {k: v for k, v in tree.items() if k != "lm_head"}
+    with pytest.raises(ValueError, match="lm_head"):
+        params_from_dict(inner.abstract_params, missing)

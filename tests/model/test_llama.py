@@ -1,0 +1,127 @@
+"""The NNX decoder: causality, grouped-query attention, rotary, tying, QK-norm, annotations."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from dipsjax.model import LOGICAL_AXIS_RULES, Llama, get_config
+from dipsjax.model.llama import RMSNorm, rotary
+
+
+def tokens(batch=2, seq=16, seed=0, vocab=260):
+    return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (batch, seq)), jnp.int32)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return Llama(get_config("tiny"), rngs=nnx.Rngs(0))
+
+
+def test_logits_shape_and_dtype(tiny_model):
+    logits = tiny_model(tokens())
+    assert logits.shape == (2, 16, 260) and logits.dtype == jnp.float32
+    assert np.isfinite(np.asarray(logits)).all()
+
+
+def test_causal(tiny_model):
+    x = tokens(seq=12)
+    y = x.at[:, 7:].set((x[:, 7:] + 1) % 260)
+    a, b = tiny_model(x), tiny_model(y)
+    np.testing.assert_allclose(a[:, :7], b[:, :7], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_rmsnorm_formula():
+    norm = RMSNorm(8, eps=1e-6, rngs=nnx.Rngs(0))
+    norm.scale[...] = jnp.arange(1.0, 9.0)
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(3, 8)), jnp.float32)
+    want = x / np.sqrt(np.mean(np.square(x), -1, keepdims=True) + 1e-6) * np.arange(1.0, 9.0)
+    np.testing.assert_allclose(norm(x), want, rtol=1e-5)
+
+
+def test_rotary_scores_depend_on_relative_position_only():
+    rng = np.random.default_rng(2)
+    q = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(1, 1, 1, 16)), jnp.float32)
+
+    def score(pq, pk):
+        rq = rotary(q, jnp.array([pq]), 10_000.0)
+        rk = rotary(k, jnp.array([pk]), 10_000.0)
+        return float(jnp.sum(rq * rk))
+
+    assert score(5, 3) == pytest.approx(score(12, 10), rel=1e-4)
+    assert score(0, 0) == pytest.approx(float(jnp.sum(q * k)), rel=1e-5)
+    assert score(5, 3) != pytest.approx(score(5, 4), rel=1e-3)
+
+
+def reference_attention(attn, x):
+    """Naive grouped-query attention: KV heads repeated, explicit causal mask."""
+    b, s, _ = x.shape
+    h, kh, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+    pos = jnp.arange(s)
+    q = rotary(attn.q_proj(x).reshape(b, s, h, d), pos, attn.rope_theta)
+    k = rotary(attn.k_proj(x).reshape(b, s, kh, d), pos, attn.rope_theta)
+    v = attn.v_proj(x).reshape(b, s, kh, d)
+    k, v = jnp.repeat(k, h // kh, axis=2), jnp.repeat(v, h // kh, axis=2)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(d)
+    scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -jnp.inf)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v)
+    return attn.o_proj(out.reshape(b, s, h * d))
+
+
+def test_grouped_query_attention_matches_reference(tiny_model):
+    attn = tiny_model.layers[0].attn
+    assert attn.num_heads == 4 and attn.num_kv_heads == 2
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 10, 64)), jnp.float32)
+    got = attn(x, jnp.arange(10))
+    np.testing.assert_allclose(got, reference_attention(attn, x), rtol=1e-4, atol=1e-6)
+
+
+def test_tied_and_untied_embeddings():
+    tied = Llama(get_config("tiny", tie_embeddings=True), rngs=nnx.Rngs(0))
+    untied = Llama(get_config("tiny"), rngs=nnx.Rngs(0))
+    assert tied.lm_head is None and untied.lm_head is not None
+    n_tied = sum(x.size for x in jax.tree.leaves(nnx.state(tied, nnx.Param)))
+    n_untied = sum(x.size for x in jax.tree.leaves(nnx.state(untied, nnx.Param)))
+    assert n_untied - n_tied == 260 * 64
+    x = tokens()
+    h = tied.final_norm(_hidden(tied, x))
+    np.testing.assert_allclose(tied(x), h @ tied.embed.embedding[...].T, rtol=1e-5, atol=1e-5)
+
+
+def _hidden(model, x):
+    h = model.embed(x)
+    for layer in model.layers:
+        h = layer(h, jnp.arange(x.shape[1]))
+    return h
+
+
+def test_qk_norm_adds_per_head_norms():
+    model = Llama(get_config("tiny", qk_norm=True), rngs=nnx.Rngs(0))
+    attn = model.layers[0].attn
+    assert attn.q_norm.scale.shape == (16,) and attn.k_norm.scale.shape == (16,)
+    assert get_config("tiny", qk_norm=True).num_params == get_config("tiny").num_params + 2 * 2 * 16
+    assert np.isfinite(np.asarray(model(tokens()))).all()
+
+
+def test_bf16_compute_keeps_fp32_parameters():
+    f32 = Llama(get_config("tiny"), rngs=nnx.Rngs(0))
+    bf16 = Llama(get_config("tiny", dtype="bfloat16"), rngs=nnx.Rngs(0))
+    assert {x.dtype for x in jax.tree.leaves(nnx.state(bf16, nnx.Param))} == {jnp.dtype("float32")}
+    x = tokens()
+    a, b = f32(x), bf16(x)
+    assert b.dtype == jnp.float32
+    np.testing.assert_allclose(a, b, atol=0.05)
+
+
+def test_every_matrix_carries_logical_axes():
+    rules = dict(LOGICAL_AXIS_RULES)
+    _, params = nnx.split(Llama(get_config("tiny", qk_norm=True), rngs=nnx.Rngs(0)), nnx.Param)
+    for path, var in nnx.to_flat_state(params):
+        meta = var.get_metadata()
+        axes = meta.get("out_sharding")
+        assert axes is not None and len(axes) == var.ndim, path
+        assert all(a in rules for a in axes), path
+        assert meta.get("sharding_rules") == LOGICAL_AXIS_RULES

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 # Sub-commands whose module owns its own argument parser: ``module.main(argv) -> int``.
 DELEGATED = {
     "goodput": ("dipsjax.sim.goodput", "chip-scale goodput model (Decoupled DiLoCo)"),
+    "simulate": ("dipsjax.sim.experiments", "run a simulator experiment (configs/sim_*.py)"),
+    "plan": ("dipsjax.model.plan", "parameter count and memory plan of every named model"),
 }
 
 

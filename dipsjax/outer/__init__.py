@@ -47,6 +47,7 @@ from dipsjax.outer._merge import (
     mean,
     radial_directional_average,
     rda_merge,
+    round_token_scale,
     token_weighted_mean,
     weighted_mean,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "radial_directional_average",
     "rda_merge",
     "reject_anomalies",
+    "round_token_scale",
     "score_learners",
     "shard_merged_sq_norm",
     "sharded_update",

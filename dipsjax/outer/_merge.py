@@ -100,12 +100,30 @@ def default_plain_mean(path: str) -> bool:
     return "embed" in path.lower()
 
 
+def round_token_scale(tokens: Any, accepted: jax.Array, full_round_tokens: float) -> jax.Array:
+    """``min(1, sum_{j accepted} T_j / full_round_tokens)``: the share of a full round merged.
+
+    Decoupled DiLoCo merges as soon as ``K`` of ``M`` learners reported; "each learner's
+    contribution to the model update is proportional to the number of tokens it actually
+    processed". With weights normalised over the merged learners alone (and RDA, whose norm
+    does not depend on how many learners are merged), a round of one learner would move the
+    model as far as a round of all ``M``, and ``M`` times as often. Scaling by the merged
+    share of a full round's tokens keeps the update per token the same for every ``K``.
+    """
+    t = _base.learner_vector(tokens, accepted.shape[0], "tokens", jnp.float32)
+    merged = jnp.sum(jnp.where(accepted, t, 0.0))
+    return jnp.minimum(1.0, merged / full_round_tokens)
+
+
 def _merge_transform(
     merge_leaf: Callable[[str, jax.Array, jax.Array, jax.Array], jax.Array],
     weighting: Weighting,
+    full_round_tokens: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     if weighting not in _WEIGHTINGS:
         raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
+    if full_round_tokens is not None and not full_round_tokens > 0:
+        raise ValueError(f"full_round_tokens must be > 0 or None, got {full_round_tokens}")
 
     def init_fn(params: Any) -> optax.EmptyState:
         del params
@@ -127,19 +145,27 @@ def _merge_transform(
         merged = jax.tree_util.tree_map_with_path(
             lambda path, x: merge_leaf(jax.tree_util.keystr(path), x, w, accepted), deltas
         )
+        if full_round_tokens is not None:
+            if tokens is None:
+                raise ValueError("full_round_tokens needs the keyword argument tokens=[L]")
+            scale = round_token_scale(tokens, accepted, full_round_tokens)
+            merged = jax.tree.map(lambda x: x * scale, merged)
         return merged, state
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def token_weighted_mean(weighting: Weighting = "tokens") -> optax.GradientTransformationExtraArgs:
+def token_weighted_mean(
+    weighting: Weighting = "tokens", *, full_round_tokens: float | None = None
+) -> optax.GradientTransformationExtraArgs:
     """Merges ``[L, ...]`` contributions into ``delta = sum_j w_j Delta_j / sum_j w_j``.
 
     With the default ``weighting='tokens'`` this is Di-PS sec. 8,
     ``delta = sum_{j in accepted} T_j Delta_j / sum_{j in accepted} T_j``; see the module
     docstring for ``'uniform'`` and ``'decoupled'``. Reads ``tokens`` (and ``steps`` for
     ``'decoupled'``) and ``mask`` as ``[L]`` keyword extra args; accepts the output of
-    :func:`reject_anomalies` or a raw stacked batch.
+    :func:`reject_anomalies` or a raw stacked batch. With ``full_round_tokens`` the result is
+    scaled by :func:`round_token_scale` (partial-quorum rounds).
 
     Example:
       >>> import jax.numpy as jnp
@@ -153,7 +179,9 @@ def token_weighted_mean(weighting: Weighting = "tokens") -> optax.GradientTransf
     References:
       Di-PS, seed 000 sec. 8 and 11; Decoupled DiLoCo (arXiv 2604.21428), token weighting.
     """
-    return _merge_transform(lambda path, x, w, acc: weighted_mean(x, w, acc), weighting)
+    return _merge_transform(
+        lambda path, x, w, acc: weighted_mean(x, w, acc), weighting, full_round_tokens
+    )
 
 
 def decoupled_token_weights() -> optax.GradientTransformationExtraArgs:
@@ -169,6 +197,8 @@ def mean() -> optax.GradientTransformationExtraArgs:
 def radial_directional_average(
     weighting: Weighting = "decoupled",
     plain_mean: Callable[[str], bool] | None = default_plain_mean,
+    *,
+    full_round_tokens: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Radial-directional averaging (RDA), per tensor.
 
@@ -182,6 +212,7 @@ def radial_directional_average(
       plain_mean: predicate on a tensor's path (``jax.tree_util.keystr``); tensors for which
         it is true use the weighted mean instead (default: embeddings, whose rows are
         updated sparsely). ``None`` applies RDA everywhere.
+      full_round_tokens: if given, scale by :func:`round_token_scale` (partial quorums).
 
     References:
       Decoupled DiLoCo (arXiv 2604.21428), radial-directional averaging; seed 001.
@@ -192,4 +223,4 @@ def radial_directional_average(
             return weighted_mean(x, w, acc)
         return rda_merge(x, w, acc)
 
-    return _merge_transform(merge_leaf, weighting)
+    return _merge_transform(merge_leaf, weighting, full_round_tokens)

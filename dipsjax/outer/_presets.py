@@ -69,6 +69,7 @@ def decoupled_diloco(
     weighting: Weighting = "decoupled",
     plain_mean: Callable[[str], bool] | None = default_plain_mean,
     max_norm: float | None = None,
+    full_round_tokens: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Decoupled DiLoCo outer optimizer: ``c_tok^2/c_steps`` weights -> RDA -> Nesterov.
 
@@ -77,12 +78,17 @@ def decoupled_diloco(
       weighting: learner weights (default ``'decoupled'``).
       plain_mean: tensors merged by the weighted mean under RDA (default: embeddings).
       max_norm: optional global clipping (off by default; the paper does not clip).
+      full_round_tokens: tokens of a round where all ``M`` learners report; when given, a
+        round that merges fewer is scaled by its share (see
+        :func:`dipsjax.outer.round_token_scale`). Use it with a quorum ``K < M``.
 
     References:
       Decoupled DiLoCo for Resilient Distributed Pre-training (arXiv 2604.21428).
     """
     merge = (
-        radial_directional_average(weighting, plain_mean) if rda else token_weighted_mean(weighting)
+        radial_directional_average(weighting, plain_mean, full_round_tokens=full_round_tokens)
+        if rda
+        else token_weighted_mean(weighting, full_round_tokens=full_round_tokens)
     )
     parts: list[tuple[str, optax.GradientTransformation]] = [("merge", merge)]
     if max_norm is not None:

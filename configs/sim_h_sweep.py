@@ -1,0 +1,20 @@
+"""Inner-step sweep (Di-PS appendix): H = 8, 16, 32, 64 with Di-PS at eta = 100.
+
+Run: ``.venv/bin/dipsjax simulate sim_h_sweep``.
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "sim_common", pathlib.Path(__file__).with_name("_sim_common.py")
+)
+common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(common)
+
+
+def get_config(arg=None):
+    runs = [
+        dict(label=f"dips_H{h}", method="dips", eta=100, inner_steps=h) for h in (8, 16, 32, 64)
+    ]
+    return common.experiment("sim_h_sweep", runs, arg)

@@ -1,0 +1,31 @@
+"""The five methods on the same model, data and token budget (eta = 100, 4 learners),
+plus the ablations the papers run: Decoupled DiLoCo K=1 with and without grace vs K=M,
+RDA vs mean, wire precision.
+
+Run: ``.venv/bin/dipsjax simulate sim_methods``.
+"""
+
+import importlib.util
+import pathlib
+
+_spec = importlib.util.spec_from_file_location(
+    "sim_common", pathlib.Path(__file__).with_name("_sim_common.py")
+)
+common = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(common)
+
+
+def get_config(arg=None):
+    runs = [
+        dict(label="dp", method="dp", eta=100),
+        dict(label="sync_diloco", method="sync_diloco", eta=100),
+        dict(label="naive_async", method="naive_async", eta=100),
+        dict(label="dips", method="dips", eta=100),
+        dict(label="dips_no_grace", method="dips", eta=100, grace="none"),
+        dict(label="decoupled_k1_grace", method="decoupled", eta=100, quorum=1),
+        dict(label="decoupled_k1_nograce", method="decoupled", eta=100, quorum=1, grace="none"),
+        dict(label="decoupled_k4", method="decoupled", eta=100, quorum=4),
+        dict(label="decoupled_k1_mean", method="decoupled", eta=100, quorum=1, rda=False),
+        dict(label="dips_int4_wire", method="dips", eta=100, wire="int4"),
+    ]
+    return common.experiment("sim_methods", runs, arg)

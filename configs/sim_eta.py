@@ -3,14 +3,7 @@
 Run: ``.venv/bin/dipsjax simulate sim_eta`` (``--arg ci`` for a short run).
 """
 
-import importlib.util
-import pathlib
-
-_spec = importlib.util.spec_from_file_location(
-    "sim_common", pathlib.Path(__file__).with_name("_sim_common.py")
-)
-common = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(common)
+import _sim_common as common
 
 
 def get_config(arg=None):

@@ -162,12 +162,13 @@ class QuorumGrace(GracePolicy):
 
     Attributes:
       k: learners needed to merge (1..M; values above the current membership use M).
-      gamma: fraction of the slack spent waiting.
+      gamma: fraction of the slack spent waiting (default 0.9: on the simulator's tiny
+        settings K=1 with gamma 0.5 ended 5% above K=M in validation loss, with 0.9 level).
       grace: whether to wait at all after the quorum.
     """
 
     k: int = 1
-    gamma: float = 0.5
+    gamma: float = 0.9
     grace: bool = True
     smoothing: float = 0.2
     _last_push: dict = dataclasses.field(default_factory=dict, repr=False)

@@ -143,3 +143,17 @@ def test_merges_run_under_jit_with_mask():
         a = f(d, jnp.ones(3), jnp.ones(3), jnp.array([True, True, False]))
         b = f({"w": d["w"][:2]}, jnp.ones(2), jnp.ones(2), jnp.array([True, True]))
         np.testing.assert_allclose(a["w"], b["w"], rtol=1e-6)
+
+
+def test_partial_quorum_round_is_scaled_by_its_token_share():
+    x = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0]])
+    tx = outer.radial_directional_average(weighting="uniform", full_round_tokens=400.0)
+    tokens = jnp.array([100.0, 100.0, 100.0, 100.0])
+    full, _ = tx.update({"w": x}, None, tokens=tokens)
+    plain, _ = outer.radial_directional_average(weighting="uniform").update({"w": x}, None)
+    np.testing.assert_allclose(full["w"], plain["w"], rtol=1e-6)  # all four: scale 1
+    one, _ = tx.update({"w": x}, None, tokens=tokens, mask=[True, False, False, False])
+    np.testing.assert_allclose(one["w"], 0.25 * x[0], rtol=1e-6)  # one of four: 1/4
+    assert float(outer.round_token_scale(tokens, jnp.ones(4, bool), 100.0)) == 1.0  # capped
+    with pytest.raises(ValueError, match="full_round_tokens"):
+        outer.token_weighted_mean(full_round_tokens=0.0)

@@ -96,6 +96,8 @@ class SimConfig:
     warmup: int = 3
     max_staleness: int | None = None
     failures: tuple[tuple[int, float, float], ...] = ()
+    joins: tuple[tuple[int, float], ...] = ()
+    leaves: tuple[tuple[int, float], ...] = ()
     heartbeat_interval: float = 10.0
     eval_every: int = 4
     eval_batches: int = 4
@@ -135,6 +137,13 @@ class SimConfig:
         for ok, name, allowed in checks:
             if not ok:
                 raise ValueError(f"SimConfig.{name} must be {allowed}, got {getattr(self, name)!r}")
+        for name in ("joins", "leaves"):
+            for e in getattr(self, name):
+                if len(e) != 2 or not 0 <= e[0] < self.learners or e[1] < 0:
+                    raise ValueError(
+                        f"SimConfig.{name} entries are (learner, t >= 0) with "
+                        f"0 <= learner < {self.learners}, got {e!r}"
+                    )
         for f in self.failures:
             if len(f) != 3 or not 0 <= f[0] < self.learners or not f[1] < f[2]:
                 raise ValueError(
@@ -511,8 +520,15 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
     def feed(ev: L.Event) -> None:
         execute(leader.handle(ev), ev.t)
 
+    late = dict(cfg.joins)
     for sl in learners:
-        at(0.0, "event", L.Join(0.0, sl.j))
+        if sl.j in late:
+            sl.alive = False
+            at(late[sl.j], "join", sl.j)
+        else:
+            at(0.0, "event", L.Join(0.0, sl.j))
+    for j, t_leave in cfg.leaves:
+        at(t_leave, "leave", j)
     for j, t_fail, t_back in cfg.failures:
         at(t_fail, "fail", j)
         at(t_back, "recover", j)
@@ -569,8 +585,13 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
             if leader.next_round_id - 1 >= last_eval_round[0] + cfg.eval_every:
                 last_eval_round[0] = leader.next_round_id - 1
                 _record(world, curve, t, leader, global_params(), progress)
-        elif kind == "fail":
+        elif kind == "join":
+            learners[payload].alive = True
+            feed(L.Join(t, payload))
+        elif kind in ("fail", "leave"):
             sl = learners[payload]
+            if kind == "leave":
+                feed(L.Leave(t, sl.j))
             sl.alive = False
             lost[0] += sl.training_tokens
             sl.training_tokens = 0

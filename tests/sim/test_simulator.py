@@ -154,3 +154,27 @@ def test_experiment_configs_expand_and_validate():
 def test_params_are_finite_numpy_trees():
     res = simulate(SimConfig(method="sync_diloco", token_budget=ROUND))
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(res.params))
+
+
+def test_late_join_pulls_one_version_first_and_leave_stops_contributions():
+    cfg = SimConfig(
+        method="dips", eta=20, token_budget=5 * ROUND, joins=((3, 40.0),), leaves=((2, 60.0),)
+    )
+    res = simulate(cfg)
+    members = res.tape.membership()
+    join3 = next(m for m in members if m["learner"] == 3 and m["event"] == "join")
+    active3 = next(m for m in members if m["learner"] == 3 and m["event"] == "active")
+    assert join3["t"] == pytest.approx(40.0) and active3["t"] > 40.0
+    first = next(p for r in res.tape.rounds() for p in r["participants"] if p["learner"] == 3)
+    # Its first contribution started from the one complete version it pulled on joining.
+    assert first["meta"]["pulled"] and first["base_version"] == active3["pulled_version"]
+    assert ("leave", 2) in [(m["event"], m["learner"]) for m in members]
+    assert all(
+        p["pushed_at"] <= 60.0
+        for r in res.tape.rounds()
+        for p in r["participants"]
+        if p["learner"] == 2
+    )
+    assert res.tokens_consumed == (
+        res.tokens_applied + res.tokens_rejected + res.tokens_dropped + res.tokens_outstanding
+    )

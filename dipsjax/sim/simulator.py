@@ -176,10 +176,19 @@ class SimResult:
     params: Any = None
     ideal_tokens_per_second: float = 0.0  # every learner training alone, no outer sync
     chunk_ledger: Any = None  # the data ledger's final state
+    tokens_in_training: int = 0  # part of tokens_outstanding: rounds still training at the end
+    tokens_in_training_done: float = 0.0  # of those, the share trained by the end (pro rata)
+
+    @property
+    def tokens_trained(self) -> float:
+        """Tokens trained within the run: rounds still in progress at the end count pro rata
+        of their elapsed virtual time (their tokens were drawn when they started)."""
+        return self.tokens_consumed - self.tokens_in_training + self.tokens_in_training_done
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens_consumed / self.virtual_time if self.virtual_time > 0 else 0.0
+        """Aggregate training throughput: :attr:`tokens_trained` per virtual second."""
+        return self.tokens_trained / self.virtual_time if self.virtual_time > 0 else 0.0
 
     @property
     def rejected_fraction(self) -> float:
@@ -386,6 +395,7 @@ class _SimLearner:
     ready: bool = False  # overlap: a trained round waiting for the previous push
     latest: Any = None  # overlap: (version, params) of the newest pulled global model
     training_tokens: int = 0  # tokens of the round in progress (lost on a crash)
+    training_span: tuple[float, float] = (0.0, 1.0)  # (start, duration) of that round
 
 
 def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -> SimResult:
@@ -451,6 +461,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
         sl.pending = (contrib, payload, meta)
         sl.training_tokens = contrib.tokens
         dt = world.train_time(sl.j, contrib.steps)
+        sl.training_span = (t, dt)
         phases["train"] += dt
         at(t + dt, "trained", sl.j)
 
@@ -606,6 +617,12 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
             feed(L.Join(t, sl.j))
     # Drain the tokens still in flight so every consumed token is accounted for.
     in_training = sum(sl.training_tokens for sl in learners if sl.alive)
+    # Work done by the end on rounds still training, pro rata of their elapsed time.
+    in_training_done = sum(
+        sl.training_tokens * min(max((t - sl.training_span[0]) / sl.training_span[1], 0.0), 1.0)
+        for sl in learners
+        if sl.alive
+    )
     final = global_params()
     _record(world, curve, t, leader, final, progress)
     totals = leader.ledger.totals()
@@ -627,6 +644,8 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
         params=final,
         ideal_tokens_per_second=world.ideal_tokens_per_second,
         chunk_ledger=world.ledger.state,
+        tokens_in_training=in_training,
+        tokens_in_training_done=in_training_done,
     )
 
 

@@ -595,7 +595,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
                 start_round(sl, t, adopt=(v, params), reset=version is None)
             if leader.next_round_id - 1 >= last_eval_round[0] + cfg.eval_every:
                 last_eval_round[0] = leader.next_round_id - 1
-                _record(world, curve, t, leader, global_params(), progress)
+                _record_leader(world, curve, t, leader, global_params(), progress)
         elif kind == "join":
             learners[payload].alive = True
             feed(L.Join(t, payload))
@@ -624,7 +624,7 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
         if sl.alive
     )
     final = global_params()
-    _record(world, curve, t, leader, final, progress)
+    _record_leader(world, curve, t, leader, final, progress)
     totals = leader.ledger.totals()
     return SimResult(
         config=cfg,
@@ -653,26 +653,42 @@ def _record(
     world: _World,
     curve: list,
     t: float,
+    version: int,
+    consumed: int,
+    applied: int,
+    params: dict,
+    progress: Callable[[str], None] | None,
+) -> None:
+    """Evaluates ``params`` and appends one point of the validation curve."""
+    loss, bpb = world.evaluate(params)
+    curve.append(
+        {
+            "t": t,
+            "version": version,
+            "tokens_consumed": consumed,
+            "tokens_applied": applied,
+            "val_loss": loss,
+            "val_bpb": bpb,
+        }
+    )
+    if progress is not None:
+        progress(
+            f"t={t:8.1f}s v={version:5d} tokens={consumed:9d} val_loss={loss:.4f} bpb={bpb:.3f}"
+        )
+
+
+def _record_leader(
+    world: _World,
+    curve: list,
+    t: float,
     leader: L.Leader,
     params: dict,
     progress: Callable[[str], None] | None,
 ) -> None:
-    loss, bpb = world.evaluate(params)
     totals = leader.ledger.totals()
-    point = {
-        "t": t,
-        "version": leader.version,
-        "tokens_consumed": totals["consumed"],
-        "tokens_applied": totals["applied"],
-        "val_loss": loss,
-        "val_bpb": bpb,
-    }
-    curve.append(point)
-    if progress is not None:
-        progress(
-            f"t={t:8.1f}s v={leader.version:4d} tokens={totals['consumed']:9d} "
-            f"val_loss={loss:.4f} bpb={bpb:.3f}"
-        )
+    _record(
+        world, curve, t, leader.version, totals["consumed"], totals["applied"], params, progress
+    )
 
 
 # -------------------------------------------------------------------- data parallel
@@ -707,31 +723,10 @@ def _simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None) -> SimR
         tokens += batch.shape[0] * cfg.seq_len
         steps += 1
         if steps % (cfg.inner_steps * cfg.eval_every) == 0:
-            loss, bpb = world.evaluate(model.params_dict())
-            curve.append(
-                {
-                    "t": t,
-                    "version": steps,
-                    "tokens_consumed": tokens,
-                    "tokens_applied": tokens,
-                    "val_loss": loss,
-                    "val_bpb": bpb,
-                }
-            )
-            if progress:
-                progress(f"t={t:8.1f}s step={steps:5d} tokens={tokens:9d} val_loss={loss:.4f}")
+            _record(world, curve, t, steps, tokens, tokens, model.params_dict(), progress)
     params = model.params_dict()
-    loss, bpb = world.evaluate(params)
-    curve.append(
-        {
-            "t": t,
-            "version": steps,
-            "tokens_consumed": tokens,
-            "tokens_applied": tokens,
-            "val_loss": loss,
-            "val_bpb": bpb,
-        }
-    )
+    _record(world, curve, t, steps, tokens, tokens, params, progress)
+    loss, bpb = curve[-1]["val_loss"], curve[-1]["val_bpb"]
     return SimResult(
         config=cfg,
         virtual_time=t,

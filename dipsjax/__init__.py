@@ -1,9 +1,14 @@
 """dipsjax: asynchronous, heterogeneous, fault-tolerant DiLoCo-family pre-training in JAX.
 
-The public API is small:
+Packages, top to bottom of the layering in DESIGN.md:
 
-* :mod:`dipsjax.outer` -- outer optimizers (Di-PS, Decoupled DiLoCo, DiLoCo) as optax
-  transformations over a batch of learner contributions, plus wire codecs.
+* :mod:`dipsjax.sim` -- virtual-clock simulator of the five methods; goodput model.
+* :mod:`dipsjax.syncer` -- sans-IO leader/follower protocol core, grace policies, schedule,
+  placement, event tape, token ledger.
+* :mod:`dipsjax.learner`, :mod:`dipsjax.data` -- the inner loop on a partition mesh; corpus,
+  chunks, chunk ledger, batch streams.
+* :mod:`dipsjax.outer`, :mod:`dipsjax.model` -- outer optimizers as optax transformations
+  (Di-PS, Decoupled DiLoCo, DiLoCo) with wire codecs; the NNX decoder and its configs.
 """
 
 __version__ = "0.1.0"

@@ -25,7 +25,14 @@ import math
 
 
 class GracePolicy:
-    """Base class: no quorum beyond one push, no window. Subclasses override."""
+    """Base class: no quorum beyond one push, no window. Subclasses override.
+
+    ``rearm``: every push that arrives before the update starts joins the round and re-arms
+    the window (Di-PS sec. 6 pseudo-code: the wait restarts at ``tau_grace`` after each
+    arrival). Decoupled DiLoCo's quorum policy waits at most its window after the quorum.
+    """
+
+    rearm: bool = True
 
     def quorum(self, members: int) -> int:
         """Pushes needed before the window starts (at least 1)."""
@@ -167,6 +174,7 @@ class QuorumGrace(GracePolicy):
       grace: whether to wait at all after the quorum.
     """
 
+    rearm = False
     k: int = 1
     gamma: float = 0.9
     grace: bool = True

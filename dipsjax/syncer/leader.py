@@ -424,7 +424,12 @@ class Leader:
         self.ledger.consume(ev.learner, ev.tokens)
         self.grace.observe_push(ev.learner, ev.t)
         push = Push(ev.learner, ev.tokens, ev.steps, ev.base_version, ev.t, ev.meta)
-        if self.phase in (Phase.IDLE, Phase.COLLECTING) and not self._round_full():
+        # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
+        # pseudo-code picks up pending requests and re-arms the window on each arrival).
+        open_phases = (Phase.IDLE, Phase.COLLECTING) + (
+            (Phase.TRANSFERS,) if self.grace.rearm else ()
+        )
+        if self.phase in open_phases and not self._round_full():
             return self._admit(push, ev.t)
         self.waiting.append(push)
         return []
@@ -440,7 +445,13 @@ class Leader:
             self._set_phase(Phase.COLLECTING)
         rnd = self.round
         rnd.pushes.append(push)
-        return [Schedule(rnd.round_id, push.learner)]
+        actions: list[Action] = [Schedule(rnd.round_id, push.learner)]
+        if self.phase is Phase.TRANSFERS:
+            self._set_phase(Phase.COLLECTING)  # reopened by a push before the update
+        if rnd.quorum_at is not None and self.grace.rearm:
+            rnd.deadline = max(rnd.deadline or t, t + self.grace.window(t))
+            actions.append(WakeAt(rnd.deadline))
+        return actions
 
     def _on_TransferDone(self, ev: TransferDone) -> list[Action]:
         self._seen(ev.learner, ev.t)

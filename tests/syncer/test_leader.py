@@ -43,11 +43,13 @@ def test_round_lifecycle_with_fixed_grace():
     join_all(leader, 3)
     a = leader.handle(L.PushRequested(0.0, 0, 100, 4, 0))
     assert a == [L.Schedule(0, 0), L.WakeAt(5.0)]
-    assert kinds(leader.handle(L.PushRequested(3.0, 1, 300, 4, 0))) == ["Schedule"]
-    # Transfers land but the window is still open: nothing starts before t = 5.
+    # Each arrival re-arms the window (Di-PS sec. 6 pseudo-code): now open until t = 8.
+    assert leader.handle(L.PushRequested(3.0, 1, 300, 4, 0)) == [L.Schedule(0, 1), L.WakeAt(8.0)]
+    # Transfers land but the window is still open: nothing starts before t = 8.
     assert leader.handle(L.TransferDone(3.5, 0, 0)) == []
     assert leader.handle(L.TransferDone(4.0, 1, 0)) == []
-    assert kinds(leader.handle(L.Tick(5.0))) == ["RequestNorms"]
+    assert leader.handle(L.Tick(5.0)) == []
+    assert kinds(leader.handle(L.Tick(8.0))) == ["RequestNorms"]
     # A push during the update waits for the next round (no barrier across rounds).
     assert leader.handle(L.PushRequested(6.0, 2, 50, 4, 0)) == []
     (decide,) = leader.handle(L.NormsReported(6.0, 0, (1.0, 1.0)))
@@ -64,6 +66,24 @@ def test_round_lifecycle_with_fixed_grace():
     assert rec["accepted"] == [True, True] and rec["clip_factor"] == pytest.approx(0.5)
     assert rec["vector_clock"] == {"0": 1, "1": 1, "2": 0}
     json.dumps(leader.tape.records)
+
+
+def test_push_during_transfers_joins_the_round_before_its_update():
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(leader, 3)
+    leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))  # window 0: closed, shards in flight
+    assert leader.phase.value == "transfers"
+    assert leader.handle(L.PushRequested(0.5, 1, 10, 1, 0)) == [L.Schedule(0, 1), L.WakeAt(0.5)]
+    leader.handle(L.TransferDone(1.0, 0, 0))
+    assert kinds(leader.handle(L.TransferDone(1.5, 1, 0))) == ["RequestNorms"]
+    assert leader.round.learners == (0, 1)
+    # Once the update started, a push waits for the next round.
+    assert leader.handle(L.PushRequested(2.0, 2, 10, 1, 0)) == []
+    # Decoupled's quorum policy does not reopen: its window is bounded after the quorum.
+    q = Leader(LeaderConfig(penalty=False), QuorumGrace(k=1, grace=False))
+    join_all(q, 2)
+    q.handle(L.PushRequested(0.0, 0, 10, 1, 0))
+    assert q.handle(L.PushRequested(0.5, 1, 10, 1, 0)) == []
 
 
 def test_window_closes_early_when_everyone_is_in():

@@ -192,8 +192,9 @@ class SimResult:
 
     @property
     def rejected_fraction(self) -> float:
-        decided = self.tokens_applied + self.tokens_rejected + self.tokens_dropped
-        return (self.tokens_rejected + self.tokens_dropped) / decided if decided else 0.0
+        """Share of the decided tokens that the anomaly penalty (or NaN check) rejected."""
+        decided = self.tokens_applied + self.tokens_rejected
+        return self.tokens_rejected / decided if decided else 0.0
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -203,6 +204,7 @@ class SimResult:
             "tokens_consumed": self.tokens_consumed,
             "effective_tokens": self.tokens_applied,
             "rejected_fraction": self.rejected_fraction,
+            "dropped_tokens": self.tokens_dropped,
             "rounds": self.rounds,
             "outer_comm_time": self.comm_time,
             "phases": self.phases,

@@ -64,6 +64,19 @@ def _dtype(name: str) -> jnp.dtype:
     return jnp.dtype(name)
 
 
+def _linear(c: ModelConfig, din: int, dout: int, axes: Sequence[str], rngs: nnx.Rngs) -> nnx.Linear:
+    """A bias-free projection with the config's dtypes and a partitioned normal init."""
+    return nnx.Linear(
+        din,
+        dout,
+        use_bias=False,
+        dtype=_dtype(c.dtype),
+        param_dtype=_dtype(c.param_dtype),
+        kernel_init=_init(c.init_std, axes),
+        rngs=rngs,
+    )
+
+
 class RMSNorm(nnx.Module):
     """``y = x / sqrt(mean(x^2, -1) + eps) * w`` in float32, cast back to ``x``'s dtype."""
 
@@ -109,18 +122,9 @@ class Attention(nnx.Module):
         assert hd is not None
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, hd
         self.rope_theta = c.rope_theta
-        dt, pdt, std = _dtype(c.dtype), _dtype(c.param_dtype), c.init_std
 
         def linear(din: int, dout: int, axes: Sequence[str]) -> nnx.Linear:
-            return nnx.Linear(
-                din,
-                dout,
-                use_bias=False,
-                dtype=dt,
-                param_dtype=pdt,
-                kernel_init=_init(std, axes),
-                rngs=rngs,
-            )
+            return _linear(c, din, dout, axes, rngs)
 
         self.q_proj = linear(c.d_model, c.num_heads * hd, ("embed", "heads"))
         self.k_proj = linear(c.d_model, c.num_kv_heads * hd, ("embed", "kv_heads"))
@@ -151,18 +155,9 @@ class MLP(nnx.Module):
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
         c = config
-        dt, pdt, std = _dtype(c.dtype), _dtype(c.param_dtype), c.init_std
 
         def linear(din: int, dout: int, axes: Sequence[str]) -> nnx.Linear:
-            return nnx.Linear(
-                din,
-                dout,
-                use_bias=False,
-                dtype=dt,
-                param_dtype=pdt,
-                kernel_init=_init(std, axes),
-                rngs=rngs,
-            )
+            return _linear(c, din, dout, axes, rngs)
 
         self.gate_proj = linear(c.d_model, c.d_ff, ("embed", "mlp"))
         self.up_proj = linear(c.d_model, c.d_ff, ("embed", "mlp"))

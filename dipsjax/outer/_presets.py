@@ -34,6 +34,19 @@ def nesterov(learning_rate: float = 0.7, momentum: float = 0.8) -> optax.Gradien
     return optax.sgd(learning_rate, momentum=momentum, nesterov=True, accumulator_dtype=jnp.float32)
 
 
+def _finish(
+    parts: list[tuple[str, optax.GradientTransformation]],
+    max_norm: float | None,
+    learning_rate: float,
+    momentum: float,
+) -> optax.GradientTransformationExtraArgs:
+    """Appends the optional global clip and the Nesterov step; names the chain."""
+    if max_norm is not None:
+        parts.append(("clip", clip_by_global_norm(max_norm)))
+    parts.append(("nesterov", nesterov(learning_rate, momentum)))
+    return optax.named_chain(*parts)
+
+
 def dips(
     learning_rate: float = 0.7,
     momentum: float = 0.8,
@@ -55,10 +68,7 @@ def dips(
         ("reject", reject_anomalies(alpha, beta, **anomaly_kwargs)),
         ("merge", token_weighted_mean("tokens")),
     ]
-    if max_norm is not None:
-        parts.append(("clip", clip_by_global_norm(max_norm)))
-    parts.append(("nesterov", nesterov(learning_rate, momentum)))
-    return optax.named_chain(*parts)
+    return _finish(parts, max_norm, learning_rate, momentum)
 
 
 def decoupled_diloco(
@@ -91,10 +101,7 @@ def decoupled_diloco(
         else token_weighted_mean(weighting, full_round_tokens=full_round_tokens)
     )
     parts: list[tuple[str, optax.GradientTransformation]] = [("merge", merge)]
-    if max_norm is not None:
-        parts.append(("clip", clip_by_global_norm(max_norm)))
-    parts.append(("nesterov", nesterov(learning_rate, momentum)))
-    return optax.named_chain(*parts)
+    return _finish(parts, max_norm, learning_rate, momentum)
 
 
 def diloco(
@@ -111,7 +118,4 @@ def diloco(
     parts: list[tuple[str, optax.GradientTransformation]] = [
         ("merge", token_weighted_mean("uniform"))
     ]
-    if max_norm is not None:
-        parts.append(("clip", clip_by_global_norm(max_norm)))
-    parts.append(("nesterov", nesterov(learning_rate, momentum)))
-    return optax.named_chain(*parts)
+    return _finish(parts, max_norm, learning_rate, momentum)

@@ -49,11 +49,12 @@ def test_replay_of_decoupled_learners_that_never_wait():
 
 
 def test_failure_evicts_rejoins_and_every_token_and_chunk_is_accounted():
+    # Learner 1 pulls its first model at ~1.7 s and trains until ~20 s: it crashes mid-round.
     cfg = SimConfig(
         method="dips",
         eta=50,
         token_budget=6 * ROUND,
-        failures=((1, 25.0, 90.0),),
+        failures=((1, 10.0, 90.0),),
         heartbeat_interval=5.0,
     )
     res = simulate(cfg)
@@ -73,7 +74,7 @@ def test_failure_evicts_rejoins_and_every_token_and_chunk_is_accounted():
     done = completed_chunks(ledger, 0)
     assert len(done) == len(set(done))
     # The others kept training while learner 1 was down.
-    during = [r for r in res.tape.rounds() if 25.0 < r["timings"]["opened"] < 90.0]
+    during = [r for r in res.tape.rounds() if 10.0 < r["timings"]["opened"] < 90.0]
     assert during and all(1 not in [p["learner"] for p in r["participants"]] for r in during)
 
 

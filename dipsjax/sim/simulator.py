@@ -499,6 +499,9 @@ def simulate(cfg: SimConfig, *, progress: Callable[[str], None] | None = None) -
                 done = t + cfg.update_seconds
                 phases["update"] += cfg.update_seconds
                 at(done, "event", L.ApplyDone(done, a.round_id, a.version))
+            elif isinstance(a, L.Discard):
+                for f in followers:
+                    f.discard(a.round_id)
             elif isinstance(a, L.NotifyPull):
                 for j in a.learners:
                     dt = world.link_time(j)
@@ -791,6 +794,10 @@ def replay(cfg: SimConfig, tape: Any) -> dict:
             rtol=1e-6,
             err_msg=f"round {rec['round_id']}: norms differ from the tape",
         )
+        if not rec["applied"]:
+            for f in followers:
+                f.discard(rec["round_id"])
+            continue
         decision = L.Decide(
             rec["round_id"],
             learners_t,

@@ -16,7 +16,8 @@ One round (DESIGN.md sec. 3):
    ``max_participants``) is in. Once every participant's ``TransferDone`` arrived:
    ``RequestNorms``.
 3. ``NormsReported`` (per-learner squared norms summed over followers) -> staleness filter,
-   anomaly penalty, weights -> ONE ``Decide`` broadcast.
+   anomaly penalty, weights -> ONE ``Decide`` broadcast (or, if nothing was accepted,
+   ``Discard`` and a pull of the unchanged version: an empty round is skipped).
 4. ``MergedNormReported`` -> ONE clip factor -> ``Apply(version + 1)``.
 5. ``ApplyDone`` -> ``NotifyPull`` to the round's learners; all ``PullDone`` -> the round
    ends, the next one opens with the pushes that waited.
@@ -157,6 +158,13 @@ class Apply(Action):
     version: int
     clip_factor: float
     merged_sq_norm: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Discard(Action):
+    """Nothing of the round was accepted: followers drop its shards, the version stays."""
+
+    round_id: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,6 +568,16 @@ class Leader:
             self.ledger.settle(p.learner, p.tokens, outcome)
             if ok and p.learner in self.members:
                 self.members[p.learner].contributions += 1
+        rnd.timings["decided_version"] = self.version
+        if not np.any(accepted):
+            # Nothing to merge: skip the update (no zero step that would still move the
+            # Nesterov momentum) and let the round's learners pull the current version.
+            rnd.pulling = {j for j in rnd.learners if j in self.members}
+            self._set_phase(Phase.PULL)
+            return [
+                Discard(rnd.round_id),
+                NotifyPull(rnd.round_id, tuple(sorted(rnd.pulling)), self.version),
+            ]
         self._set_phase(Phase.MERGE)
         return [rnd.decision]
 
@@ -608,6 +626,7 @@ class Leader:
             "round",
             round_id=rnd.round_id,
             version=self.version,
+            applied="applied" in rnd.timings,
             participants=[
                 {
                     "learner": j,
@@ -615,7 +634,7 @@ class Leader:
                     "tokens": by_learner[j].tokens,
                     "steps": by_learner[j].steps,
                     "pushed_at": by_learner[j].t,
-                    "staleness": self.version - 1 - by_learner[j].base_version,
+                    "staleness": rnd.timings["decided_version"] - by_learner[j].base_version,
                     "meta": by_learner[j].meta,
                 }
                 for j in d.learners

@@ -238,3 +238,20 @@ def test_token_ledger_balances_under_random_sequences(script):
         assert tot["outstanding"] >= 0
         for j2 in leader.ledger.consumed:
             assert leader.ledger.outstanding(j2) >= 0
+
+
+def test_a_round_with_nothing_accepted_is_skipped():
+    leader = Leader(LeaderConfig(penalty=True, warmup=0), FixedGrace(10.0), version=3)
+    join_all(leader, 2)
+    leader.handle(L.PushRequested(0.0, 0, 10, 1, 3))
+    leader.handle(L.PushRequested(0.0, 1, 10, 1, 3))
+    leader.handle(L.TransferDone(0.5, 0, 0))
+    leader.handle(L.TransferDone(0.6, 1, 0))
+    acts = leader.handle(L.NormsReported(1.0, 0, (float("nan"), float("inf"))))
+    assert acts == [L.Discard(0), L.NotifyPull(0, (0, 1), 3)]  # no Decide, no Apply
+    leader.handle(L.PullDone(2.0, 0, 3))
+    leader.handle(L.PullDone(2.0, 1, 3))
+    assert leader.version == 3 and leader.round is None
+    rec = leader.tape.rounds()[0]
+    assert rec["applied"] is False and rec["version"] == 3 and rec["accepted"] == [False, False]
+    assert leader.ledger.totals()["rejected"] == 20

@@ -1,8 +1,9 @@
 """Time the goodput Monte-Carlo at 1.2M chips over 30 simulated days (goal: < 10 s).
 
-Run: ``.venv/bin/python benchmarks/goodput.py``. Each method is timed end to end (drawing the
-interruptions, accounting, closed form); the reported figure is the slowest method's best of
-three runs.
+Run: ``.venv/bin/python benchmarks/goodput.py``. Each method of ``DEFAULT_METHODS``
+(checkpoint/restart DP, elastic DP, Decoupled DiLoCo M = 8 and 16) is timed end to end
+(drawing the interruptions, accounting, closed form); the reported figure is the slowest
+method's best of three runs.
 """
 
 from __future__ import annotations

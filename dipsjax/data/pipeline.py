@@ -16,6 +16,10 @@ when ``p`` was taken. Each batch counts ``batch_size * seq_len`` tokens.
 Validation. :func:`validation_batches` covers every target of a token stream exactly once with
 padded batches and a mask; :func:`validation_data` gives the held-out text of a corpus with
 its byte count, so ``bits/byte = sum(nll_nats * mask) / (ln 2 * num_bytes)``.
+
+Corpora. :func:`train_chunks` and :func:`validation_data` take a built-in corpus name
+(``austen``, ``shakespeare``) or the path of a folder of UTF-8 ``*.txt`` files, with
+``validation_doc`` naming the held-out file(s) by stem (see :mod:`dipsjax.data.corpus`).
 """
 
 from __future__ import annotations
@@ -59,13 +63,19 @@ def chunk_tokens(tokens: np.ndarray, chunk_len: int = DEFAULT_CHUNK_LEN) -> np.n
 
 
 def train_chunks(
-    name: str = "austen",
+    name: str | os.PathLike[str] = "austen",
     chunk_len: int = DEFAULT_CHUNK_LEN,
     tokenizer: Tokenizer | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     validation_doc: str | Sequence[str] | None = None,
 ) -> np.ndarray:
-    """Chunks of the train split of a built-in corpus (every learner computes the same)."""
+    """Chunks of the train split of corpus ``name`` (every learner computes the same).
+
+    ``name`` is a built-in corpus or a folder of UTF-8 ``*.txt`` files, ``validation_doc``
+    the held-out document(s), for a folder by file stem (default: its last file), e.g.
+    ``train_chunks("/data/mytexts", validation_doc="chapter9")``; see
+    :func:`~dipsjax.data.corpus.load_corpus`.
+    """
     corpus = load_corpus(name, "train", data_dir, validation_doc=validation_doc)
     return chunk_tokens(corpus.tokens(tokenizer), chunk_len)
 
@@ -293,12 +303,15 @@ class ValidationData:
 
 
 def validation_data(
-    name: str = "austen",
+    name: str | os.PathLike[str] = "austen",
     tokenizer: Tokenizer | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     validation_doc: str | Sequence[str] | None = None,
 ) -> ValidationData:
-    """The validation split of a built-in corpus (default: Austen, *Persuasion*)."""
+    """The validation split of corpus ``name`` (default: Austen, *Persuasion*).
+
+    ``name`` and ``validation_doc`` as in :func:`train_chunks` (pass the same ones to both).
+    """
     tok = tokenizer if tokenizer is not None else ByteTokenizer()
     corpus = load_corpus(name, "validation", data_dir, validation_doc=validation_doc)
     text_bytes = b"".join(t.encode("utf-8") for t in corpus.texts)

@@ -22,10 +22,17 @@ Choices the paper leaves open, made here and documented:
   instead of being dominated by the first value. Scores enter the recent-score stack only
   once the detector is warm, and rejection starts when that stack is non-empty.
 * **Degenerate statistics.** ``max(recent E)`` is floored at ``min_max_score`` (default 1),
-  so the threshold never drops to or below zero when recent scores happen to be negative;
-  ``sigma`` is floored at ``min_sigma_ratio * mu`` so identical norms (sigma -> 0) do not turn
-  a 1% larger norm into an infinite score.
+  so the threshold never drops to or below zero when recent scores happen to be negative
+  (they do while norms fall); optionally (``min_sigma_ratio``, off by default) ``sigma`` is
+  floored at ``min_sigma_ratio * mu`` so identical norms do not turn a 1% larger norm into
+  an infinite score.
 * **NaN / Inf.** A non-finite ``G_j`` is always rejected, warm or not.
+
+Warm-up and both floors are options; ``warmup=0, min_max_score=None, min_sigma_ratio=0``
+(:meth:`dipsjax.rules.AnomalyConfig.paper`) is the paper's rule with none of them. Why the
+two on by default are on: :class:`dipsjax.rules.AnomalyConfig` and
+``benchmarks/anomaly_ablation.py``. The
+formulas live in :mod:`dipsjax.rules`, shared with the leader's NumPy decision step.
 
 References:
   Di-PS: heterogeneous cross-cluster LLM training, sec. 8 and the worked example of sec. 11.
@@ -40,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dipsjax import rules
 from dipsjax.outer import _base
 
 
@@ -121,22 +129,25 @@ def score_learners(
     *,
     beta: float = 3.0,
     warmup: int = 5,
-    min_max_score: float = 1.0,
-    min_sigma_ratio: float = 0.05,
+    min_max_score: float | None = 1.0,
+    min_sigma_ratio: float = 0.0,
 ) -> AnomalyDecision:
     """Scores ``G`` ([L]) against the history and decides the accepted set (pure).
 
     ``accepted_j = present_j and isfinite(G_j) and (cold or E_j <= beta * max(recent E))``.
+    The same rule the leader runs in NumPy (:func:`dipsjax.rules.score`).
     """
-    g = jnp.asarray(sq_norms, jnp.float32)
-    sigma = jnp.maximum(state.sigma, min_sigma_ratio * jnp.abs(state.mu))
-    sigma = jnp.maximum(sigma, jnp.finfo(jnp.float32).tiny)
-    scores = (g - state.mu) / sigma
-    max_recent = jnp.max(jnp.where(state.recent_valid, state.recent_scores, -jnp.inf))
-    warm = (state.count >= warmup) & jnp.any(state.recent_valid)
-    threshold = jnp.where(warm, beta * jnp.maximum(max_recent, min_max_score), jnp.inf)
-    accepted = present & jnp.isfinite(g) & (scores <= threshold)
-    return AnomalyDecision(accepted=accepted, scores=scores, threshold=threshold)
+    out = rules.score(
+        jnp,
+        state,
+        sq_norms,
+        present,
+        beta=beta,
+        warmup=warmup,
+        min_max_score=min_max_score,
+        min_sigma_ratio=min_sigma_ratio,
+    )
+    return AnomalyDecision(accepted=out.accepted, scores=out.scores, threshold=out.threshold)
 
 
 def fold_history(
@@ -148,32 +159,13 @@ def fold_history(
     alpha: float = 0.02,
     warmup: int = 5,
 ) -> AnomalyState:
-    """Folds the accepted norms (in learner order) into ``mu``, ``sigma`` and the stack."""
-    g_all = jnp.asarray(sq_norms, jnp.float32)
-    history = state.recent_scores.shape[0]
-    was_warm = state.count >= warmup
+    """Folds the accepted norms (in learner order) into ``mu``, ``sigma`` and the stack.
 
-    def body(st: AnomalyState, item: tuple[jax.Array, jax.Array, jax.Array]) -> tuple:
-        g, e, take = item
-        take = take & jnp.isfinite(g)
-        n = st.count + 1
-        a = jnp.maximum(jnp.float32(alpha), 1.0 / n.astype(jnp.float32))
-        mu = a * g + (1.0 - a) * st.mu
-        sigma = jnp.sqrt((1.0 - a) * st.sigma**2 + a * (g - mu) ** 2)
-        push = take & was_warm
-        slot = st.cursor
-        out = AnomalyState(
-            mu=jnp.where(take, mu, st.mu),
-            sigma=jnp.where(take, sigma, st.sigma),
-            count=jnp.where(take, n, st.count),
-            recent_scores=jnp.where(push, st.recent_scores.at[slot].set(e), st.recent_scores),
-            recent_valid=jnp.where(push, st.recent_valid.at[slot].set(True), st.recent_valid),
-            cursor=jnp.where(push, (slot + 1) % history, slot),
-        )
-        return out, None
-
-    final, _ = jax.lax.scan(body, state, (g_all, jnp.asarray(scores, jnp.float32), accepted))
-    return final
+    The same rule the leader runs in NumPy (:func:`dipsjax.rules.fold`).
+    """
+    return AnomalyState(
+        *rules.fold(jnp, state, sq_norms, scores, accepted, alpha=alpha, warmup=warmup)
+    )
 
 
 def reject_anomalies(
@@ -182,8 +174,8 @@ def reject_anomalies(
     *,
     history: int = 32,
     warmup: int = 5,
-    min_max_score: float = 1.0,
-    min_sigma_ratio: float = 0.05,
+    min_max_score: float | None = 1.0,
+    min_sigma_ratio: float = 0.0,
     mu0: float | None = None,
     sigma0: float | None = None,
     recent_scores0: Sequence[float] = (),

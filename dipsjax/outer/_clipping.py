@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dipsjax import rules
 from dipsjax.outer import _base
 
 
@@ -30,10 +31,12 @@ class GlobalClipState(NamedTuple):
 
 
 def clip_factor(sq_norm: jax.Array, max_norm: float) -> jax.Array:
-    """``min(1, c / ||delta||)`` from ``||delta||^2``; 1 for a zero update."""
-    sq = jnp.asarray(sq_norm, jnp.float32)
-    norm = jnp.sqrt(sq)
-    return jnp.where(norm > max_norm, max_norm / jnp.where(norm > 0, norm, 1.0), 1.0)
+    """``min(1, c / ||delta||)`` from ``||delta||^2``; 1 for a zero update
+    (:func:`dipsjax.rules.clip_factor`, which the leader runs in NumPy)."""
+    return rules.clip_factor(jnp, sq_norm, max_norm)
+
+
+_factor = clip_factor
 
 
 def clip_by_global_norm(max_norm: float = 1.0) -> optax.GradientTransformationExtraArgs:
@@ -43,6 +46,7 @@ def clip_by_global_norm(max_norm: float = 1.0) -> optax.GradientTransformationEx
       merged_sq_norm: squared norm of the *whole* merged update (sum of the followers'
         partials). Without it the norm of the given tree is used, which is the same thing
         in a single process.
+      clip_factor: the factor decided by the leader; when given it is applied as is.
 
     References:
       Di-PS, seed 000 sec. 6 and 8 (clip threshold 1).
@@ -60,6 +64,7 @@ def clip_by_global_norm(max_norm: float = 1.0) -> optax.GradientTransformationEx
         params: Any = None,
         *,
         merged_sq_norm: Any = None,
+        clip_factor: Any = None,
         **extra_args: Any,
     ) -> tuple[Any, GlobalClipState]:
         del params, state, extra_args
@@ -69,7 +74,12 @@ def clip_by_global_norm(max_norm: float = 1.0) -> optax.GradientTransformationEx
             sq = jnp.asarray(merged_sq_norm, jnp.float32)
             if sq.shape != ():
                 raise ValueError(f"merged_sq_norm must be a scalar, got shape {sq.shape}")
-        factor = clip_factor(sq, max_norm)
+        if clip_factor is None:
+            factor = _factor(sq, max_norm)
+        else:  # the leader's factor, applied as given
+            factor = jnp.asarray(clip_factor, jnp.float32)
+            if factor.shape != ():
+                raise ValueError(f"clip_factor must be a scalar, got shape {factor.shape}")
         clipped = jax.tree.map(lambda x: (x * factor).astype(x.dtype), updates)
         return clipped, GlobalClipState(sq, factor)
 

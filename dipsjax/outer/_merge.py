@@ -14,6 +14,10 @@ Merges:
   ``(sum_j w_j ||v_j||) * phi(sum_j w_j phi(v_j))`` with ``phi(x) = x / ||x||`` and
   ``phi(0) = 0``: magnitude and direction are averaged separately so the norm of the merged
   update does not shrink with the number of learners merged (Decoupled DiLoCo, RDA).
+
+On a follower the leader's decision is the one truth: the keyword extra args ``accepted``
+(``[L]`` bool) and ``weights`` (``[L]`` float) make every merge read exactly the accepted
+rows with exactly the leader's weights, whatever stages precede it in the chain.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dipsjax import rules
 from dipsjax.outer import _base
 
 Weighting = Literal["uniform", "tokens", "decoupled"]
@@ -38,26 +43,11 @@ def learner_weights(
     tokens: Any = None,
     steps: Any = None,
 ) -> jax.Array:
-    """Normalised ``[L]`` float32 weights; all zero when no learner is accepted."""
-    num = accepted.shape[0]
-    if weighting == "uniform":
-        raw = jnp.ones((num,), jnp.float32)
-    elif weighting in ("tokens", "decoupled"):
-        if tokens is None:
-            raise ValueError(f"weighting={weighting!r} needs the keyword argument tokens=[L]")
-        t = _base.learner_vector(tokens, num, "tokens", jnp.float32)
-        if weighting == "tokens":
-            raw = t
-        else:
-            if steps is None:
-                raise ValueError("weighting='decoupled' needs the keyword argument steps=[L]")
-            s = _base.learner_vector(steps, num, "steps", jnp.float32)
-            raw = jnp.where(s > 0, t * (t / jnp.where(s > 0, s, 1.0)), 0.0)
-    else:
-        raise ValueError(f"weighting must be one of {_WEIGHTINGS}, got {weighting!r}")
-    raw = jnp.where(accepted & jnp.isfinite(raw) & (raw > 0), raw, 0.0)
-    total = jnp.sum(raw)
-    return jnp.where(total > 0, raw / jnp.where(total > 0, total, 1.0), 0.0)
+    """Normalised ``[L]`` float32 weights; all zero when no learner is accepted.
+
+    The same rule the leader runs in NumPy (:func:`dipsjax.rules.weights`).
+    """
+    return rules.weights(jnp, accepted, weighting=weighting, tokens=tokens, steps=steps)
 
 
 def _weighted_rows(x: jax.Array, weights: jax.Array, accepted: jax.Array) -> jax.Array:
@@ -137,11 +127,20 @@ def _merge_transform(
         tokens: Any = None,
         steps: Any = None,
         mask: Any = None,
+        accepted: Any = None,
+        weights: Any = None,
         **extra_args: Any,
     ) -> tuple[Any, optax.EmptyState]:
         del params, extra_args
-        deltas, accepted = _base.unwrap(updates, mask)
-        w = learner_weights(accepted, weighting=weighting, tokens=tokens, steps=steps)
+        deltas, present = _base.unwrap(updates, mask)
+        num = present.shape[0]
+        if accepted is not None:  # the leader's decision: merge exactly these learners
+            present = present & _base.learner_vector(accepted, num, "accepted", bool)
+        accepted = present
+        if weights is None:
+            w = learner_weights(accepted, weighting=weighting, tokens=tokens, steps=steps)
+        else:  # the leader's weights, applied as given (zero outside the accepted set)
+            w = jnp.where(accepted, _base.learner_vector(weights, num, "weights", jnp.float32), 0)
         merged = jax.tree_util.tree_map_with_path(
             lambda path, x: merge_leaf(jax.tree_util.keystr(path), x, w, accepted), deltas
         )

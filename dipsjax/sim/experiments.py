@@ -58,7 +58,7 @@ def expand(config: Any) -> list[tuple[str, SimConfig]]:
         fields = dict(run)
         label = fields.pop("label", f"run{i}")
         merged = {**base, **fields}
-        for key in ("bandwidth_gbps", "speeds", "failures"):
+        for key in ("bandwidth_gbps", "speeds", "failures", "joins", "leaves"):
             if key in merged:
                 merged[key] = tuple(
                     tuple(x) if isinstance(x, list | tuple) else x for x in merged[key]

@@ -2,14 +2,24 @@
 
 A follower receives learners' shards (data plane), reports per-learner partial squared
 norms, merges with the leader's ONE decision, reports its merged partial norm, and applies
-the outer chain (:mod:`dipsjax.outer`) with the leader's global statistics: the union of
-all followers' results is exactly the single-process outer step (DESIGN.md sec. 4).
+the outer chain (:mod:`dipsjax.outer`) with the leader's accepted set, weights and clip
+factor passed in as given: the leader's decision is the one truth every follower applies,
+under every method, and the union of all followers' results is exactly the single-process
+outer step (DESIGN.md sec. 4).
 
-Pseudo-gradient reference (DESIGN.md sec. 3):
+Pseudo-gradient reference (DESIGN.md sec. 3). Learners always send ``Delta_start =
+theta_start - theta_end`` against the version ``g`` they started from, so lossy wire codecs
+quantize pseudo-gradients, never parameters:
 
-* ``'start'`` (DiLoCo / Decoupled DiLoCo): the learner sends ``Delta = theta_start - theta_end``.
-* ``'server'`` (Di-PS): the learner sends its parameters ``theta_end`` and the follower forms
-  ``Delta = theta_now - theta_end`` against its *current* parameters when the round runs.
+* ``'start'`` (DiLoCo / Decoupled DiLoCo): the follower merges ``Delta_start``.
+* ``'server'`` (Di-PS sec. 6, ``Delta = theta_now - theta_end``): the follower rebuilds it as
+  ``(theta_now - theta_g) + Delta_start`` from its cache of recent versions. The cache keeps
+  the newest ``version_cache`` versions of the shard; the leader drops a push whose base
+  version fell out of it (stale) before asking for its norms, and a follower asked anyway
+  raises ``KeyError`` naming the version.
+
+The cache also serves pulls: :meth:`Follower.pull` returns the snapshot of a version, a
+copy that later outer steps (which donate their buffers) cannot touch.
 
 Contributions are stacked into a fixed ``[capacity, ...]`` batch with a mask, so rounds of
 any size reuse one compiled step. Applying is idempotent: a version at or below the
@@ -18,9 +28,10 @@ follower's own is ignored (retries and a restarted leader cannot apply a round t
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +39,20 @@ import numpy as np
 import optax
 
 from dipsjax import outer
-from dipsjax.syncer.leader import Apply, Decide
+from dipsjax.syncer.messages import Apply, Decide
 
 REFERENCES = ("start", "server")
+
+
+class FollowerState(NamedTuple):
+    """Everything a follower must keep across a restart (what orbax saves).
+
+    Model shard, outer state and version change together, in one step.
+    """
+
+    version: int
+    params: Any
+    opt_state: Any
 
 
 class Follower:
@@ -46,28 +68,52 @@ class Follower:
         reference: str = "start",
         version: int = 0,
         opt_state: Any = None,
+        version_cache: int = 8,
     ) -> None:
         if reference not in REFERENCES:
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if version_cache < 1:
+            raise ValueError(f"version_cache must be >= 1, got {version_cache}")
         self.follower_id = follower_id
         self.tx = tx
         self.capacity = capacity
         self.reference = reference
+        self.version_cache = version_cache
         # Own copies: the outer step donates these buffers.
-        self.params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), dict(params))
-        self.opt_state = tx.init(self.params) if opt_state is None else opt_state
-        self.version = version
+        params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), dict(params))
+        state = tx.init(params) if opt_state is None else opt_state
+        self.state = FollowerState(version, params, state)
+        self._versions: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._remember()
         self._staged: dict[tuple[int, int], Any] = {}
         self._batch: dict[int, tuple[tuple[int, ...], Any]] = {}
+        self.decisions: dict[int, Decide] = {}  # the decision merged in each round
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    @property
+    def params(self) -> Any:
+        """The live shard (donated by the next outer step: use :meth:`pull` to keep it)."""
+        return self.state.params
+
+    def _remember(self) -> None:
+        self._versions[self.state.version] = jax.tree.map(jnp.copy, self.state.params)
+        while len(self._versions) > self.version_cache:
+            self._versions.popitem(last=False)
+
+    def cached_versions(self) -> tuple[int, ...]:
+        return tuple(self._versions)
 
     # -- data plane ----------------------------------------------------------------
 
     def receive(self, round_id: int, learner: int, payload: Mapping[str, Any]) -> None:
-        """Stages a learner's shard (``Delta`` or ``theta_end``, by ``reference``)."""
+        """Stages a learner's shard of ``Delta_start = theta_start - theta_end``."""
         got = outer.flatten(payload)
-        want = outer.flatten(self.params)
+        want = outer.flatten(self.state.params)
         if got.keys() != want.keys():
             missing = sorted(set(want) - set(got))
             extra = sorted(set(got) - set(want))
@@ -85,13 +131,18 @@ class Follower:
             lambda x: jnp.asarray(x, jnp.float32), dict(payload)
         )
 
-    def pull(self) -> tuple[int, dict[str, Any]]:
-        """The current version and parameters of this shard."""
-        return self.version, self.params
+    def pull(self, version: int | None = None) -> tuple[int, dict[str, Any]]:
+        """A version (default: the newest) and its shard: a snapshot, safe to keep."""
+        v = self.state.version if version is None else version
+        if v not in self._versions:
+            raise KeyError(
+                f"follower {self.follower_id} keeps versions {list(self._versions)}, not {v}"
+            )
+        return v, self._versions[v]
 
     # -- control plane -------------------------------------------------------------
 
-    def _stack(self, round_id: int, learners: tuple[int, ...]) -> Any:
+    def _stack(self, round_id: int, learners: tuple[int, ...], bases: tuple[int, ...]) -> Any:
         if len(learners) > self.capacity:
             raise ValueError(f"{len(learners)} learners exceed capacity {self.capacity}")
         missing = [j for j in learners if (round_id, j) not in self._staged]
@@ -99,17 +150,27 @@ class Follower:
             raise ValueError(
                 f"follower {self.follower_id}: round {round_id} has no shard from {missing}"
             )
+        # Shards of learners the leader did not ask about (dropped as stale) are forgotten.
+        for key in [k for k in self._staged if k[0] == round_id and k[1] not in learners]:
+            del self._staged[key]
         rows = [self._staged[(round_id, j)] for j in learners]
-        zeros = jax.tree.map(jnp.zeros_like, self.params)
+        zeros = jax.tree.map(jnp.zeros_like, self.state.params)
         rows += [zeros] * (self.capacity - len(rows))
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
         if self.reference == "server":
-            stacked = _server_delta(self.params, stacked)
+            if len(bases) != len(learners):
+                raise ValueError("the server reference needs each learner's base version")
+            base_rows = [self.pull(b)[1] for b in bases]
+            base_rows += [self.state.params] * (self.capacity - len(base_rows))
+            base = jax.tree.map(lambda *xs: jnp.stack(xs), *base_rows)
+            stacked = _server_delta(self.state.params, base, stacked)
         return stacked
 
-    def partial_norms(self, round_id: int, learners: tuple[int, ...]) -> np.ndarray:
+    def partial_norms(
+        self, round_id: int, learners: tuple[int, ...], base_versions: tuple[int, ...] = ()
+    ) -> np.ndarray:
         """Step 1: per-learner squared norms of this shard's pseudo-gradients, ``[len]``."""
-        stacked = self._stack(round_id, learners)
+        stacked = self._stack(round_id, learners, base_versions)
         self._batch[round_id] = (learners, stacked)
         return np.asarray(outer.learner_sq_norms(stacked))[: len(learners)]
 
@@ -120,31 +181,41 @@ class Follower:
             "steps": jnp.asarray(list(decision.steps) + [0] * pad, jnp.float32),
             "mask": jnp.asarray([True] * n + [False] * pad),
             "accepted": jnp.asarray(list(decision.accepted) + [False] * pad),
+            "weights": jnp.asarray(list(decision.weights) + [0.0] * pad, jnp.float32),
             "learner_sq_norms": jnp.asarray(list(decision.sq_norms) + [0.0] * pad, jnp.float32),
         }
 
     def merged_partial(self, decision: Decide) -> float:
         """Step 2: squared norm of this shard's merged update under the leader's decision."""
-        _, stacked = self._batch[decision.round_id]
-        return float(_merged_norm(self.tx, stacked, self.opt_state, self._meta(decision)))
+        learners, stacked = self._batch[decision.round_id]
+        if learners != decision.learners:
+            raise ValueError(
+                f"follower {self.follower_id}: round {decision.round_id} decided for "
+                f"{decision.learners} but norms were computed for {learners}"
+            )
+        self.decisions[decision.round_id] = decision
+        return float(_merged_norm(self.tx, stacked, self.state.opt_state, self._meta(decision)))
 
     def apply(self, decision: Decide, apply: Apply) -> int:
-        """Step 3: the outer step with the global statistics; returns the new version."""
-        if apply.version <= self.version:
-            return self.version  # already applied: idempotent
-        if apply.version != self.version + 1:
+        """Step 3: the outer step with the leader's decision; returns the new version."""
+        if apply.version <= self.state.version:
+            return self.state.version  # already applied: idempotent
+        if apply.version != self.state.version + 1:
             raise ValueError(
-                f"follower {self.follower_id} is at version {self.version}, "
+                f"follower {self.follower_id} is at version {self.state.version}, "
                 f"cannot apply version {apply.version}"
             )
         _, stacked = self._batch.pop(decision.round_id)
         meta = self._meta(decision)
         meta["merged_sq_norm"] = jnp.asarray(apply.merged_sq_norm, jnp.float32)
-        self.params, self.opt_state = _apply(self.tx, self.params, self.opt_state, stacked, meta)
-        self.version = apply.version
+        meta["clip_factor"] = jnp.asarray(apply.clip_factor, jnp.float32)
+        params, opt_state = _apply(self.tx, self.state.params, self.state.opt_state, stacked, meta)
+        self.state = FollowerState(apply.version, params, opt_state)
+        self.decisions[decision.round_id] = decision
+        self._remember()
         for key in [k for k in self._staged if k[0] == decision.round_id]:
             del self._staged[key]
-        return self.version
+        return self.state.version
 
     def discard(self, round_id: int) -> None:
         """Forgets everything staged for ``round_id`` (round abandoned)."""
@@ -154,8 +225,9 @@ class Follower:
 
 
 @jax.jit
-def _server_delta(params: Any, stacked_end: Any) -> Any:
-    return jax.tree.map(lambda p, e: p[None] - e, params, stacked_end)
+def _server_delta(params: Any, stacked_base: Any, stacked_delta: Any) -> Any:
+    """``(theta_now - theta_g) + (theta_g - theta_end) = theta_now - theta_end`` per row."""
+    return jax.tree.map(lambda p, b, d: (p[None] - b) + d, params, stacked_base, stacked_delta)
 
 
 @functools.partial(jax.jit, static_argnums=0)

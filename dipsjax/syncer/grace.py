@@ -13,6 +13,9 @@ seconds; it never reads a clock itself.
 * :class:`QuorumGrace` -- Decoupled DiLoCo: merge once ``K`` of ``M`` learners reported; after
   the quorum wait at most ``gamma * slack``, ``slack = tau * xi_step - (xi_quorum + xi_sync)``,
   the idle time the learners' own inner steps leave the syncer before the next sync is due.
+  ``tau * xi_step`` is the training time the learners *report* with their pushes, never
+  the gap between pushes (which, for learners that wait for their pull, already holds the
+  previous window and would make the window feed on itself).
 
 Every policy answers two questions: :meth:`quorum` (how many pushes the round needs before
 its window starts) and :meth:`window` (the window length at that moment).
@@ -44,8 +47,8 @@ class GracePolicy:
         del now
         return 0.0
 
-    def observe_push(self, learner: int, now: float) -> None:
-        """A push request arrived at ``now``."""
+    def observe_push(self, learner: int, now: float, *, train_seconds: float = 0.0) -> None:
+        """A push request arrived at ``now``; its round's inner steps took ``train_seconds``."""
 
     def observe_round(
         self, *, opened: float, quorum_at: float, closed: float, ended: float
@@ -55,6 +58,29 @@ class GracePolicy:
     def describe(self) -> dict:
         """JSON-able summary for the event tape."""
         return {"policy": type(self).__name__}
+
+    def state_dict(self) -> dict:
+        """Everything the policy knows, as JSON (for the leader's snapshot)."""
+        fields = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            fields[f.name] = (
+                [[k, v] for k, v in value.items()] if isinstance(value, dict) else value
+            )
+        return {"policy": type(self).__name__, "fields": fields}
+
+    @staticmethod
+    def from_state_dict(state: dict) -> GracePolicy:
+        """Inverse of :meth:`state_dict`."""
+        table = {c.__name__: c for c in (NoGrace, FixedGrace, DynamicGrace, QuorumGrace)}
+        cls = table[state["policy"]]
+        policy = cls()
+        for f in dataclasses.fields(cls):
+            value = state["fields"][f.name]
+            if isinstance(getattr(policy, f.name), dict):
+                value = {k: v for k, v in value}
+            object.__setattr__(policy, f.name, value)
+        return policy
 
 
 @dataclasses.dataclass
@@ -128,8 +154,8 @@ class DynamicGrace(GracePolicy):
         """Estimated ``C_m``: seconds a push that misses the round waits (update + pull)."""
         return self.initial_miss_cost if self._miss_cost is None else self._miss_cost
 
-    def observe_push(self, learner: int, now: float) -> None:
-        del learner
+    def observe_push(self, learner: int, now: float, *, train_seconds: float = 0.0) -> None:
+        del learner, train_seconds
         if self._last_push is not None:
             gap = max(now - self._last_push, 0.0)
             a = self.smoothing
@@ -162,15 +188,22 @@ class QuorumGrace(GracePolicy):
     """Decoupled DiLoCo: quorum ``K`` then a slack-bounded grace window.
 
     ``slack = tau * xi_step - (xi_quorum + xi_sync)`` and the window is ``gamma * slack``
-    (``gamma < 1``; 0 if the slack is negative; ``grace=False`` disables it). ``xi_step`` is
-    estimated as a learner's mean push interval divided by ``tau`` (its inner steps per
-    round), so ``tau * xi_step`` is simply the mean time between a learner's pushes;
-    ``xi_quorum`` and ``xi_sync`` are the last rounds' quorum wait and update + pull time.
+    (``gamma < 1``; 0 if the slack is negative; ``grace=False`` disables it).
+
+    * ``tau * xi_step``: the time one learner's round of inner steps takes, from the
+      ``train_seconds`` learners report with their pushes (an EMA per learner). The next
+      sync is due when the soonest learner finishes its next round, so the minimum over
+      learners is used.
+    * ``xi_quorum``, ``xi_sync``: EMAs of the last rounds' quorum wait (first push to
+      quorum) and sync time (window closed to pull done).
+
+    The push *interval* is not used: a learner that waits for its pull pushes every
+    ``train + window + sync`` seconds, so an interval-based estimate contains the previous
+    window and the window converges to about ``gamma / (1 - gamma)`` times the compute.
 
     Attributes:
       k: learners needed to merge (1..M; values above the current membership use M).
-      gamma: fraction of the slack spent waiting (default 0.9: on the simulator's tiny
-        settings K=1 with gamma 0.5 ended 5% above K=M in validation loss, with 0.9 level).
+      gamma: fraction of the slack spent waiting (default 0.9).
       grace: whether to wait at all after the quorum.
     """
 
@@ -179,8 +212,7 @@ class QuorumGrace(GracePolicy):
     gamma: float = 0.9
     grace: bool = True
     smoothing: float = 0.2
-    _last_push: dict = dataclasses.field(default_factory=dict, repr=False)
-    _cycle: float | None = dataclasses.field(default=None, repr=False)
+    _train: dict = dataclasses.field(default_factory=dict, repr=False)
     _quorum_wait: float = dataclasses.field(default=0.0, repr=False)
     _sync: float = dataclasses.field(default=0.0, repr=False)
 
@@ -189,24 +221,33 @@ class QuorumGrace(GracePolicy):
             raise ValueError(f"QuorumGrace.k must be >= 1, got {self.k}")
         if not 0 <= self.gamma < 1:
             raise ValueError(f"QuorumGrace.gamma must be in [0, 1), got {self.gamma}")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"QuorumGrace.smoothing must be in (0, 1], got {self.smoothing}")
 
     def quorum(self, members: int) -> int:
         return max(1, min(self.k, members))
 
     @property
+    def round_compute(self) -> float | None:
+        """``tau * xi_step``: the shortest learner round (seconds), or None before any report."""
+        return min(self._train.values()) if self._train else None
+
+    @property
     def slack(self) -> float:
         """``tau * xi_step - (xi_quorum + xi_sync)`` from the current estimates."""
-        if self._cycle is None:
+        compute = self.round_compute
+        if compute is None:
             return 0.0
-        return self._cycle - (self._quorum_wait + self._sync)
+        return compute - (self._quorum_wait + self._sync)
 
-    def observe_push(self, learner: int, now: float) -> None:
-        last = self._last_push.get(learner)
-        if last is not None:
-            cycle = max(now - last, 0.0)
-            a = self.smoothing
-            self._cycle = cycle if self._cycle is None else a * cycle + (1 - a) * self._cycle
-        self._last_push[learner] = now
+    def observe_push(self, learner: int, now: float, *, train_seconds: float = 0.0) -> None:
+        del now
+        if train_seconds <= 0:
+            return
+        key = str(learner)
+        last = self._train.get(key)
+        a = self.smoothing
+        self._train[key] = train_seconds if last is None else a * train_seconds + (1 - a) * last
 
     def observe_round(
         self, *, opened: float, quorum_at: float, closed: float, ended: float

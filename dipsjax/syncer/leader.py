@@ -1,195 +1,92 @@
-"""The leader: a sans-IO state machine for outer rounds, membership and the token budget.
+"""The leader: a sans-IO state machine for outer rounds, membership, data and the budget.
 
 The leader holds only small metadata (Di-PS sec. 5): membership, the round in progress, the
-anomaly detector's history, the token ledger and the event tape. It never touches tensors:
-followers compute statistics on their shards and the transport sums them. It has no
-sockets, threads or clocks: :meth:`Leader.handle` takes one event carrying a timestamp and
-returns the actions to carry out. The runtime feeds it from gRPC and ``time.monotonic``;
-the simulator from a virtual clock.
+anomaly detector's history, the token ledger, the chunk ledger and the event tape. It never
+touches tensors and never imports JAX: its decision step is NumPy (:mod:`dipsjax.rules`).
+It has no sockets, threads or clocks: :meth:`Leader.handle` takes one event of
+:mod:`dipsjax.syncer.messages` carrying a timestamp and returns the actions to carry out.
 
 One round (DESIGN.md sec. 3):
 
 1. ``PushRequested`` -> the learner joins the open round (or waits for the next one while a
-   round is being updated or pulled) and gets a ``Schedule`` action (push your shards).
-   When the round reaches its quorum the grace policy sets a deadline (``WakeAt``).
+   round is being updated or pulled) and gets ``PushShards``: its transfer plan (which
+   tensor to which follower, in the order of the greedy schedule of Di-PS sec. 10). When
+   the round reaches its quorum the grace policy sets a deadline (``WakeAt``).
 2. The window closes at the deadline, or early when every active learner (or
-   ``max_participants``) is in. Once every participant's ``TransferDone`` arrived:
-   ``RequestNorms``.
-3. ``NormsReported`` (per-learner squared norms summed over followers) -> staleness filter,
-   anomaly penalty, weights -> ONE ``Decide`` broadcast (or, if nothing was accepted,
-   ``Discard`` and a pull of the unchanged version: an empty round is skipped).
-4. ``MergedNormReported`` -> ONE clip factor -> ``Apply(version + 1)``.
-5. ``ApplyDone`` -> ``NotifyPull`` to the round's learners; all ``PullDone`` -> the round
-   ends, the next one opens with the pushes that waited.
+   ``max_participants``) is in. Once every participant's ``TransferDone`` arrived, pushes
+   too stale to use are dropped and ``RequestNorms`` goes to the followers.
+3. Every follower's ``FollowerNorms`` -> their sum ``G`` -> anomaly penalty, weights -> ONE
+   ``Decide`` (or, if nothing was accepted, ``Discard`` and a pull of the unchanged version).
+4. Every follower's ``FollowerMerged`` -> ONE clip factor -> ``Apply(version + 1)``.
+5. Every follower's ``FollowerApplied`` -> ``NotifyPull`` to the round's learners; all
+   ``PullDone`` -> the round ends, the next one opens with the pushes that waited.
 
 Membership: ``Join`` -> ``SendModel`` (a new learner pulls one complete model of one version
-before it trains); a learner silent for ``missed_heartbeats`` intervals is evicted without
-stopping anyone. The job stops (``Stop``) after the round in which the consumed tokens
-reach ``token_budget``.
+before it trains). A ``Join`` with a higher incarnation ends the old incarnation first (its
+in-flight push dropped and counted, its chunk leases released). A learner silent for
+``missed_heartbeats`` intervals is evicted without stopping anyone.
+
+Data: with a chunk ledger (``Leader(data=...)``) learners lease chunks with
+``ChunkRequested``; pushes complete the chunks they finished; evictions and restarts release
+a learner's leases, so every chunk is trained once per epoch whatever the driver.
+
+Accounting: ``ledger`` counts, from events only, the tokens learners reported (pushes,
+refused ones included) and how each push ended (applied, rejected, dropped);
+:meth:`Leader.outstanding_tokens` sums the pushes still pending. The learners count what
+they consumed on their side; the two must balance (tests do that).
+
+State is plain data: :meth:`Leader.snapshot` gives JSON (under 100 KB for 64 learners) and
+:meth:`Leader.restore` rebuilds an equal leader from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from dipsjax import outer
+from dipsjax import rules
+from dipsjax.data import ledger as chunks
 from dipsjax.syncer.grace import GracePolicy, NoGrace
-from dipsjax.syncer.tape import EventTape, TokenLedger
+from dipsjax.syncer.messages import (
+    Action,
+    Apply,
+    ChunkRequested,
+    Decide,
+    Discard,
+    Event,
+    Evict,
+    FollowerApplied,
+    FollowerJoined,
+    FollowerLost,
+    FollowerMerged,
+    FollowerNorms,
+    GrantChunk,
+    Heartbeat,
+    Join,
+    LearnerFailed,
+    Leave,
+    NotifyPull,
+    PullDone,
+    PushMeta,
+    PushRequested,
+    PushShards,
+    Refuse,
+    RequestNorms,
+    SendModel,
+    Stop,
+    Tick,
+    Transfer,
+    TransferDone,
+    WakeAt,
+)
+from dipsjax.syncer.schedule import greedy_schedule, optimal_schedule
+from dipsjax.syncer.tape import EventTape, Participant, RoundRecord, TokenLedger
 
-# ----------------------------------------------------------------------------- events
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    t: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Join(Event):
-    learner: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Leave(Event):
-    learner: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Heartbeat(Event):
-    learner: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Tick(Event):
-    """Time passed: check deadlines and heartbeats."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PushRequested(Event):
-    learner: int
-    tokens: int
-    steps: int
-    base_version: int
-    meta: dict | None = None  # opaque, recorded on the tape (e.g. the data the round used)
-
-
-@dataclasses.dataclass(frozen=True)
-class TransferDone(Event):
-    learner: int
-    round_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class NormsReported(Event):
-    round_id: int
-    sq_norms: tuple[float, ...]  # per participant, in the order of RequestNorms.learners
-
-
-@dataclasses.dataclass(frozen=True)
-class MergedNormReported(Event):
-    round_id: int
-    merged_sq_norm: float
-
-
-@dataclasses.dataclass(frozen=True)
-class ApplyDone(Event):
-    round_id: int
-    version: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PullDone(Event):
-    learner: int
-    version: int
-
-
-# ---------------------------------------------------------------------------- actions
-
-
-@dataclasses.dataclass(frozen=True)
-class Action:
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class SendModel(Action):
-    learner: int
-    version: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule(Action):
-    round_id: int
-    learner: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WakeAt(Action):
-    t: float
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestNorms(Action):
-    round_id: int
-    learners: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Decide(Action):
-    """The one decision every follower applies: merge these learners with these weights."""
-
-    round_id: int
-    learners: tuple[int, ...]  # all participants, in RequestNorms order
-    accepted: tuple[bool, ...]
-    tokens: tuple[int, ...]
-    steps: tuple[int, ...]
-    weights: tuple[float, ...]
-    sq_norms: tuple[float, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Apply(Action):
-    round_id: int
-    version: int
-    clip_factor: float
-    merged_sq_norm: float
-
-
-@dataclasses.dataclass(frozen=True)
-class Discard(Action):
-    """Nothing of the round was accepted: followers drop its shards, the version stays."""
-
-    round_id: int
-
-
-@dataclasses.dataclass(frozen=True)
-class NotifyPull(Action):
-    round_id: int
-    learners: tuple[int, ...]
-    version: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Evict(Action):
-    learner: int
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Refuse(Action):
-    learner: int
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Stop(Action):
-    reason: str
-
+REFERENCES = ("start", "server")
 
 # ----------------------------------------------------------------------------- config
 
@@ -200,37 +97,46 @@ class LeaderConfig:
 
     Attributes:
       weighting: learner weights of the merge: ``tokens`` (Di-PS), ``decoupled``, ``uniform``.
-      penalty: run the Di-PS anomaly penalty (``alpha``, ``beta``, ``warmup``).
+      penalty: run the Di-PS anomaly penalty with ``anomaly``'s settings.
+      anomaly: the penalty's settings (:class:`dipsjax.rules.AnomalyConfig`).
       max_norm: global clip threshold, or None for no clipping.
+      reference: pseudo-gradient reference, ``start`` (Decoupled DiLoCo) or ``server``
+        (Di-PS: followers rebuild ``theta_now - theta_end`` from the learner's
+        ``theta_start - theta_end`` and their cache of recent versions).
+      version_cache: versions each follower keeps (server reference): a push whose base
+        version is ``version_cache`` or more versions old cannot be rebuilt and is dropped
+        as stale before its norms are asked for.
       max_staleness: drop contributions more than this many versions old (None: keep all).
       max_participants: at most this many learners per round (1 = apply each push alone).
       heartbeat_interval, missed_heartbeats: eviction after this many silent intervals.
-      token_budget: stop once this many tokens were consumed (None: never).
+      token_budget: stop once this many tokens were reported (None: never).
+      num_followers: followers holding the shards (every one reports in every round).
+      layer_owner: follower of each tensor, in the model's flattened order (the transfer
+        plan is built from it; empty: plans carry no transfers).
+      schedule: ``greedy`` (Di-PS sec. 10) or ``optimal`` (fewest steps) transfer plans.
     """
 
     weighting: str = "tokens"
     penalty: bool = True
-    alpha: float = 0.02
-    beta: float = 3.0
-    warmup: int = 5
+    anomaly: rules.AnomalyConfig = dataclasses.field(default_factory=rules.AnomalyConfig)
     max_norm: float | None = 1.0
+    reference: str = "start"
+    version_cache: int = 8
     max_staleness: int | None = None
     max_participants: int | None = None
     heartbeat_interval: float = 10.0
     missed_heartbeats: int = 3
     token_budget: int | None = None
+    num_followers: int = 1
+    layer_owner: tuple[int, ...] = ()
+    schedule: str = "greedy"
 
     def __post_init__(self) -> None:
         checks = [
-            (
-                self.weighting in ("tokens", "decoupled", "uniform"),
-                "weighting",
-                "tokens|decoupled|uniform",
-            ),
-            (0 < self.alpha <= 1, "alpha", "(0, 1]"),
-            (self.beta > 0, "beta", "> 0"),
-            (self.warmup >= 0, "warmup", ">= 0"),
+            (self.weighting in rules.WEIGHTINGS, "weighting", "tokens|decoupled|uniform"),
             (self.max_norm is None or self.max_norm > 0, "max_norm", "> 0 or None"),
+            (self.reference in REFERENCES, "reference", "start|server"),
+            (self.version_cache >= 1, "version_cache", ">= 1"),
             (
                 self.max_staleness is None or self.max_staleness >= 0,
                 "max_staleness",
@@ -244,12 +150,36 @@ class LeaderConfig:
             (self.heartbeat_interval > 0, "heartbeat_interval", "> 0"),
             (self.missed_heartbeats >= 1, "missed_heartbeats", ">= 1"),
             (self.token_budget is None or self.token_budget > 0, "token_budget", "> 0 or None"),
+            (self.num_followers >= 1, "num_followers", ">= 1"),
+            (
+                all(0 <= f < self.num_followers for f in self.layer_owner),
+                "layer_owner",
+                f"follower ids in [0, {self.num_followers})",
+            ),
+            (self.schedule in ("greedy", "optimal"), "schedule", "greedy|optimal"),
         ]
         for ok, name, allowed in checks:
             if not ok:
                 raise ValueError(
                     f"LeaderConfig.{name} must be {allowed}, got {getattr(self, name)!r}"
                 )
+
+    def stale_limit(self) -> int | None:
+        """Largest usable staleness (versions), from ``max_staleness`` and the cache."""
+        limits = [] if self.max_staleness is None else [self.max_staleness]
+        if self.reference == "server":
+            limits.append(self.version_cache - 1)
+        return min(limits) if limits else None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LeaderConfig:
+        d = dict(d)
+        d["anomaly"] = rules.AnomalyConfig(**d["anomaly"])
+        d["layer_owner"] = tuple(d["layer_owner"])
+        return cls(**d)
 
 
 # ------------------------------------------------------------------------------ state
@@ -268,35 +198,48 @@ class Phase(enum.Enum):
 @dataclasses.dataclass
 class Push:
     learner: int
-    tokens: int
-    steps: int
-    base_version: int
+    meta: PushMeta
     t: float
-    meta: dict | None = None
     transferred: bool = False
+    outcome: str | None = None  # applied | rejected | dropped, once settled
+
+    @property
+    def tokens(self) -> int:
+        return self.meta.tokens
 
 
 @dataclasses.dataclass
 class Round:
     round_id: int
     opened: float
+    phase: Phase = Phase.COLLECTING
     pushes: list[Push] = dataclasses.field(default_factory=list)
     quorum_at: float | None = None
     deadline: float | None = None
     closed: float | None = None
     grace: float = 0.0
     learners: tuple[int, ...] = ()
+    dropped: list[Push] = dataclasses.field(default_factory=list)  # stale, before norms
     decision: Decide | None = None
+    scores: list[float] = dataclasses.field(default_factory=list)
+    threshold: float | None = None
+    decided_version: int | None = None
+    clip_factor: float | None = None
+    merged_sq_norm: float | None = None
+    applied: bool = False
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
-    pulling: set[int] = dataclasses.field(default_factory=set)
+    norms: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # per follower
+    merged: dict[int, float] = dataclasses.field(default_factory=dict)
+    done: list[int] = dataclasses.field(default_factory=list)  # followers that applied
+    pulling: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class Member:
     joined: float
     last_seen: float
+    incarnation: int = 0
     active: bool = False  # pulled its first model
-    contributions: int = 0  # accepted contributions (its entry of the vector clock)
 
 
 class Leader:
@@ -308,33 +251,43 @@ class Leader:
         grace: GracePolicy | None = None,
         *,
         version: int = 0,
+        data: chunks.ChunkLedger | None = None,
     ) -> None:
         self.config = config or LeaderConfig()
         self.grace = grace or NoGrace()
         self.version = version
         self.members: dict[int, Member] = {}
+        self.clock: dict[int, int] = {}  # vector clock: accepted contributions per learner
+        self.incarnations: dict[int, int] = {}  # highest incarnation seen per learner
         self.round: Round | None = None
         self.waiting: list[Push] = []
         self.next_round_id = 0
-        self.anomaly = outer.init_anomaly_state()
+        self.anomaly = rules.init_history(np, self.config.anomaly.history)
         self.ledger = TokenLedger()
+        self.data = data
+        self.followers_up: dict[int, bool] = dict.fromkeys(range(self.config.num_followers), True)
+        self.lru: tuple[int, ...] = ()
         self.tape = EventTape()
         self.stopped = False
-        self.budget_reached = False
 
     # -- helpers -------------------------------------------------------------------
 
     @property
     def phase(self) -> Phase:
-        if self.round is None:
-            return Phase.IDLE
-        return self._phase
-
-    def _set_phase(self, phase: Phase) -> None:
-        self._phase = phase
+        return Phase.IDLE if self.round is None else self.round.phase
 
     def active_members(self) -> list[int]:
         return sorted(j for j, m in self.members.items() if m.active)
+
+    def outstanding_tokens(self) -> int:
+        """Tokens of the pushes not settled yet (waiting, or in the round in progress)."""
+        pending = self.waiting + (self.round.pushes if self.round is not None else [])
+        return sum(p.tokens for p in pending if p.outcome is None)
+
+    def _settle(self, p: Push, outcome: str) -> None:
+        if p.outcome is None:
+            p.outcome = outcome
+            self.ledger.settle(p.learner, p.tokens, outcome)
 
     def _membership(self, t: float, event: str, learner: int, **extra: Any) -> None:
         self.tape.append(
@@ -362,15 +315,29 @@ class Leader:
     # -- membership ----------------------------------------------------------------
 
     def _on_Join(self, ev: Join) -> list[Action]:
-        if ev.learner in self.members:
-            self._seen(ev.learner, ev.t)
-            return []
-        self.members[ev.learner] = Member(joined=ev.t, last_seen=ev.t)
-        self._membership(ev.t, "join", ev.learner)
-        return [SendModel(ev.learner, self.version)]
+        known = self.incarnations.get(ev.learner)
+        if known is not None and ev.incarnation < known:
+            return [Refuse(ev.learner, f"incarnation {ev.incarnation} is older than {known}")]
+        actions: list[Action] = []
+        member = self.members.get(ev.learner)
+        if member is not None:
+            if ev.incarnation == member.incarnation:
+                self._seen(ev.learner, ev.t)
+                return []  # a retried join: nothing new
+            # A restart before eviction: the new incarnation ends the old one.
+            actions += self._remove(ev.learner, ev.t, "restarted")
+        self.incarnations[ev.learner] = ev.incarnation
+        self.members[ev.learner] = Member(joined=ev.t, last_seen=ev.t, incarnation=ev.incarnation)
+        self.clock.setdefault(ev.learner, 0)
+        self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
+        return [*actions, SendModel(ev.learner, self.version)]
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
+
+    def _on_LearnerFailed(self, ev: LearnerFailed) -> list[Action]:
+        self._membership(ev.t, "outage", ev.learner, reason=ev.reason)
+        return []
 
     def _on_Heartbeat(self, ev: Heartbeat) -> list[Action]:
         self._seen(ev.learner, ev.t)
@@ -392,21 +359,22 @@ class Leader:
         if learner not in self.members:
             return []
         del self.members[learner]
-        self._membership(t, "evict" if reason != "left" else "leave", learner, reason=reason)
+        event = {"left": "leave", "restarted": "restart"}.get(reason, "evict")
+        self._membership(t, event, learner, reason=reason)
         actions: list[Action] = [Evict(learner, reason)]
         # A contribution not yet handed to the followers is dropped; later ones stay merged.
-        for queue in (self.waiting, self._open_pushes()):
+        queues = [self.waiting]
+        if self.round is not None and self.round.phase in (Phase.COLLECTING, Phase.TRANSFERS):
+            queues.append(self.round.pushes)
+        for queue in queues:
             for p in [p for p in queue if p.learner == learner]:
                 queue.remove(p)
-                self.ledger.settle(learner, p.tokens, "dropped")
-        if self.round is not None:
-            self.round.pulling.discard(learner)
+                self._settle(p, "dropped")
+        if self.round is not None and learner in self.round.pulling:
+            self.round.pulling.remove(learner)
+        if self.data is not None:
+            self.data = chunks.release(self.data, str(learner))
         return actions
-
-    def _open_pushes(self) -> list[Push]:
-        if self.round is not None and self.phase in (Phase.COLLECTING, Phase.TRANSFERS):
-            return self.round.pushes
-        return []
 
     def _on_PullDone(self, ev: PullDone) -> list[Action]:
         self._seen(ev.learner, ev.t)
@@ -414,24 +382,64 @@ class Leader:
         if member is not None and not member.active:
             member.active = True
             self._membership(ev.t, "active", ev.learner, pulled_version=ev.version)
-        if self.round is not None and self.phase is Phase.PULL:
-            self.round.pulling.discard(ev.learner)
+        rnd = self.round
+        if rnd is not None and rnd.phase is Phase.PULL and ev.learner in rnd.pulling:
+            rnd.pulling.remove(ev.learner)
         return []
+
+    # -- data ------------------------------------------------------------------------
+
+    def _on_ChunkRequested(self, ev: ChunkRequested) -> list[Action]:
+        self._seen(ev.learner, ev.t)
+        if self.data is None:
+            raise ValueError("ChunkRequested: this leader has no chunk ledger (data=None)")
+        if ev.learner not in self.members:
+            return [GrantChunk(ev.learner, None)]
+        self.data, got = chunks.lease(self.data, str(ev.learner))
+        return [GrantChunk(ev.learner, None if got is None else got.chunk)]
+
+    def _complete_chunks(self, learner: int, finished: tuple[int, ...]) -> None:
+        if self.data is None:
+            return
+        for c in finished:
+            if chunks.holder(self.data, c) == str(learner):
+                self.data = chunks.complete(self.data, str(learner), c)
+
+    def _release_chunks(self, learner: int, finished: tuple[int, ...]) -> None:
+        if self.data is None:
+            return
+        for c in finished:
+            if chunks.holder(self.data, c) == str(learner):
+                self.data = chunks.release(self.data, str(learner), c)
 
     # -- pushes --------------------------------------------------------------------
 
+    def _refuse(self, ev: PushRequested, reason: str) -> list[Action]:
+        # Refused tokens are counted (reported and dropped), never lost from the books.
+        tokens = max(int(ev.meta.tokens), 0)
+        self.ledger.report(ev.learner, tokens)
+        self.ledger.settle(ev.learner, tokens, "dropped")
+        self._release_chunks(ev.learner, ev.meta.finished_chunks)
+        return [Refuse(ev.learner, reason)]
+
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
         member = self.members.get(ev.learner)
+        meta = ev.meta
         if member is None or not member.active:
-            return [Refuse(ev.learner, "not a member: join and pull a model first")]
-        if ev.tokens < 0 or ev.steps < 0 or ev.base_version > self.version:
-            return [Refuse(ev.learner, f"invalid push {ev}")]
+            return self._refuse(ev, "not a member: join and pull a model first")
+        if meta.incarnation != member.incarnation:
+            return self._refuse(
+                ev, f"incarnation {meta.incarnation} is not the member's {member.incarnation}"
+            )
+        if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version:
+            return self._refuse(ev, f"invalid push {meta}")
         if any(p.learner == ev.learner for p in self.waiting + self._open_pushes()):
-            return [Refuse(ev.learner, "a push of this learner is already pending")]
+            return self._refuse(ev, "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
-        self.ledger.consume(ev.learner, ev.tokens)
-        self.grace.observe_push(ev.learner, ev.t)
-        push = Push(ev.learner, ev.tokens, ev.steps, ev.base_version, ev.t, ev.meta)
+        self.ledger.report(ev.learner, meta.tokens)
+        self._complete_chunks(ev.learner, meta.finished_chunks)
+        self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
+        push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
         # pseudo-code picks up pending requests and re-arms the window on each arrival).
         open_phases = (Phase.IDLE, Phase.COLLECTING) + (
@@ -442,20 +450,38 @@ class Leader:
         self.waiting.append(push)
         return []
 
+    def _open_pushes(self) -> list[Push]:
+        if self.round is not None and self.round.phase in (Phase.COLLECTING, Phase.TRANSFERS):
+            return self.round.pushes
+        return []
+
     def _round_full(self) -> bool:
         cap = self.config.max_participants
         return self.round is not None and cap is not None and len(self.round.pushes) >= cap
+
+    def _plan(self, learner: int) -> tuple[Transfer, ...]:
+        owner = self.config.layer_owner
+        if not owner:
+            return ()
+        layers = {learner: list(range(len(owner)))}
+        if self.config.schedule == "optimal":
+            plan = optimal_schedule(layers, owner)
+        else:
+            plan = greedy_schedule(layers, owner, self.lru)
+            self.lru = plan.lru_after
+        return tuple(
+            Transfer(t.layer, t.follower, s) for s, step in enumerate(plan.steps) for t in step
+        )
 
     def _admit(self, push: Push, t: float) -> list[Action]:
         if self.round is None:
             self.round = Round(round_id=self.next_round_id, opened=t)
             self.next_round_id += 1
-            self._set_phase(Phase.COLLECTING)
         rnd = self.round
         rnd.pushes.append(push)
-        actions: list[Action] = [Schedule(rnd.round_id, push.learner)]
-        if self.phase is Phase.TRANSFERS:
-            self._set_phase(Phase.COLLECTING)  # reopened by a push before the update
+        actions: list[Action] = [PushShards(rnd.round_id, push.learner, self._plan(push.learner))]
+        if rnd.phase is Phase.TRANSFERS:
+            rnd.phase = Phase.COLLECTING  # reopened by a push before the update
         if rnd.quorum_at is not None and self.grace.rearm:
             rnd.deadline = max(rnd.deadline or t, t + self.grace.window(t))
             actions.append(WakeAt(rnd.deadline))
@@ -470,6 +496,155 @@ class Leader:
                 p.transferred = True
         return []
 
+    # -- followers -----------------------------------------------------------------
+
+    def _on_FollowerLost(self, ev: FollowerLost) -> list[Action]:
+        self.followers_up[ev.follower] = False
+        self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
+        rnd = self.round
+        if rnd is not None and rnd.phase in (Phase.NORMS, Phase.MERGE):
+            # Nothing applied yet: the round is discarded whole, never half applied.
+            return self._discard(rnd, ev.t, f"follower {ev.follower} lost")
+        return []
+
+    def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
+        self.followers_up[ev.follower] = True
+        self.tape.append(
+            "follower", t=ev.t, event="joined", follower=ev.follower, version=ev.version
+        )
+        rnd = self.round
+        if rnd is not None and rnd.phase is Phase.APPLY and ev.version == self.version + 1:
+            # It applied the round and checkpointed it before it was lost.
+            return self._on_FollowerApplied(
+                FollowerApplied(ev.t, ev.follower, rnd.round_id, ev.version)
+            )
+        return []
+
+    def _followers_ready(self) -> bool:
+        return all(self.followers_up.values())
+
+    def _on_FollowerNorms(self, ev: FollowerNorms) -> list[Action]:
+        rnd = self.round
+        if rnd is None or rnd.phase is not Phase.NORMS or ev.round_id != rnd.round_id:
+            return []  # duplicate or late report: idempotent
+        if len(ev.sq_norms) != len(rnd.learners):
+            raise ValueError(
+                f"round {rnd.round_id}: follower {ev.follower} sent {len(ev.sq_norms)} norms "
+                f"for {len(rnd.learners)} learners"
+            )
+        rnd.norms.setdefault(ev.follower, [float(x) for x in ev.sq_norms])
+        if len(rnd.norms) < self.config.num_followers:
+            return []
+        g = np.zeros(len(rnd.learners), np.float32)
+        for k in sorted(rnd.norms):
+            g = g + np.asarray(rnd.norms[k], np.float32)
+        return self._decide(rnd, g, ev.t)
+
+    def _decide(self, rnd: Round, g: np.ndarray, t: float) -> list[Action]:
+        rnd.timings["norms"] = t
+        cfg = self.config
+        pushes = rnd.pushes
+        present = np.ones(len(pushes), bool)
+        if cfg.penalty:
+            a = cfg.anomaly
+            with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+                dec = rules.score(
+                    np,
+                    self.anomaly,
+                    g,
+                    present,
+                    beta=a.beta,
+                    warmup=a.warmup,
+                    min_max_score=a.min_max_score,
+                    min_sigma_ratio=a.min_sigma_ratio,
+                )
+            accepted = np.asarray(dec.accepted)
+            rnd.scores = [float(x) for x in np.asarray(dec.scores)]
+            rnd.threshold = float(dec.threshold)
+            with np.errstate(over="ignore", invalid="ignore"):
+                self.anomaly = rules.fold(
+                    np, self.anomaly, g, dec.scores, accepted, alpha=a.alpha, warmup=a.warmup
+                )
+        else:
+            accepted = present & np.isfinite(g)
+        tokens = tuple(p.tokens for p in pushes)
+        steps = tuple(p.meta.steps for p in pushes)
+        w = rules.weights(np, accepted, weighting=cfg.weighting, tokens=tokens, steps=steps)
+        rnd.decision = Decide(
+            rnd.round_id,
+            rnd.learners,
+            tuple(bool(x) for x in accepted),
+            tokens,
+            steps,
+            tuple(float(x) for x in w),
+            tuple(float(x) for x in g),
+        )
+        rnd.decided_version = self.version
+        for p, ok in zip(pushes, accepted, strict=True):
+            if not ok:
+                self._settle(p, "rejected")  # accepted ones settle when the round applies
+        if not np.any(accepted):
+            # Nothing to merge: skip the update (no zero step that would still move the
+            # Nesterov momentum) and let the round's learners pull the current version.
+            return self._discard(rnd, t, "nothing accepted")
+        rnd.phase = Phase.MERGE
+        return [rnd.decision]
+
+    def _discard(self, rnd: Round, t: float, reason: str) -> list[Action]:
+        for p in rnd.pushes:  # whatever was not rejected is dropped: nothing is applied
+            self._settle(p, "dropped")
+        if rnd.decided_version is None:
+            rnd.decided_version = self.version
+        rnd.timings["discarded"] = t
+        rnd.pulling = [j for j in rnd.learners if j in self.members]
+        rnd.phase = Phase.PULL
+        return [
+            Discard(rnd.round_id, reason),
+            NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version),
+        ]
+
+    def _on_FollowerMerged(self, ev: FollowerMerged) -> list[Action]:
+        rnd = self.round
+        if rnd is None or rnd.phase is not Phase.MERGE or ev.round_id != rnd.round_id:
+            return []
+        rnd.merged.setdefault(ev.follower, float(ev.merged_sq_norm))
+        if len(rnd.merged) < self.config.num_followers:
+            return []
+        m = float(sum(np.float32(rnd.merged[k]) for k in sorted(rnd.merged)))
+        rnd.timings["merged_norm"] = ev.t
+        factor = (
+            1.0
+            if self.config.max_norm is None
+            else float(rules.clip_factor(np, m, self.config.max_norm))
+        )
+        rnd.clip_factor, rnd.merged_sq_norm = factor, m
+        rnd.phase = Phase.APPLY
+        return [Apply(rnd.round_id, self.version + 1, factor, m)]
+
+    def _on_FollowerApplied(self, ev: FollowerApplied) -> list[Action]:
+        rnd = self.round
+        if rnd is None or rnd.phase is not Phase.APPLY or ev.round_id != rnd.round_id:
+            return []
+        if ev.version != self.version + 1:
+            raise ValueError(
+                f"round {rnd.round_id}: follower {ev.follower} applied version {ev.version}, "
+                f"expected {self.version + 1}"
+            )
+        if ev.follower not in rnd.done:
+            rnd.done.append(ev.follower)
+        if len(rnd.done) < self.config.num_followers:
+            return []
+        self.version = ev.version
+        for p in rnd.pushes:
+            if p.outcome is None:
+                self._settle(p, "applied")
+                self.clock[p.learner] = self.clock.get(p.learner, 0) + 1
+        rnd.applied = True
+        rnd.timings["applied"] = ev.t
+        rnd.pulling = [j for j in rnd.learners if j in self.members]
+        rnd.phase = Phase.PULL
+        return [NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version)]
+
     # -- the round's progress ------------------------------------------------------
 
     def _advance(self, t: float) -> list[Action]:
@@ -477,7 +652,10 @@ class Leader:
         if rnd is None:
             return []
         actions: list[Action] = []
-        if self.phase is Phase.COLLECTING:
+        if rnd.phase is Phase.COLLECTING:
+            if not rnd.pushes:
+                self.round = None  # its only learners were evicted
+                return self._open_next(t)
             members = max(len(self.active_members()), 1)
             if rnd.quorum_at is None and len(rnd.pushes) >= self.grace.quorum(members):
                 rnd.quorum_at = t
@@ -485,168 +663,86 @@ class Leader:
                 rnd.deadline = t + rnd.grace
                 actions.append(WakeAt(rnd.deadline))
             everyone = set(self.active_members()) <= {p.learner for p in rnd.pushes}
-            if not rnd.pushes:
-                self.round = None  # its only learners were evicted
-                return self._open_next(t)
             if rnd.deadline is not None and (t >= rnd.deadline or everyone or self._round_full()):
                 rnd.closed = t
-                self._set_phase(Phase.TRANSFERS)
-        if self.phase is Phase.TRANSFERS:
+                rnd.phase = Phase.TRANSFERS
+        if rnd.phase is Phase.TRANSFERS:
             if not rnd.pushes:
                 self.round = None
                 return self._open_next(t)
-            if all(p.transferred for p in rnd.pushes):
-                rnd.learners = tuple(p.learner for p in rnd.pushes)
-                rnd.timings["transfers_done"] = t
-                self._set_phase(Phase.NORMS)
-                actions.append(RequestNorms(rnd.round_id, rnd.learners))
-        if self.phase is Phase.PULL and not rnd.pulling:
+            if all(p.transferred for p in rnd.pushes) and self._followers_ready():
+                actions += self._request_norms(rnd, t)
+        if rnd.phase is Phase.PULL and not rnd.pulling:
             actions += self._end_round(t)
         return actions
 
-    def _on_NormsReported(self, ev: NormsReported) -> list[Action]:
-        rnd = self.round
-        if rnd is None or self.phase is not Phase.NORMS or ev.round_id != rnd.round_id:
-            return []  # duplicate or late report: idempotent
-        if len(ev.sq_norms) != len(rnd.learners):
-            raise ValueError(
-                f"round {rnd.round_id}: {len(ev.sq_norms)} norms for {len(rnd.learners)} learners"
-            )
-        rnd.timings["norms"] = ev.t
-        pushes = rnd.pushes
-        g = np.asarray(ev.sq_norms, np.float32)
-        present = np.array(
-            [
-                self.config.max_staleness is None
-                or self.version - p.base_version <= self.config.max_staleness
-                for p in pushes
-            ]
-        )
-        if self.config.penalty:
-            dec = outer.score_learners(
-                self.anomaly,
-                jnp.asarray(g),
-                jnp.asarray(present),
-                beta=self.config.beta,
-                warmup=self.config.warmup,
-            )
-            accepted = np.asarray(dec.accepted)
-            scores = [float(x) for x in np.asarray(dec.scores)]
-            self.anomaly = outer.fold_history(
-                self.anomaly,
-                jnp.asarray(g),
-                dec.scores,
-                jnp.asarray(accepted),
-                alpha=self.config.alpha,
-                warmup=self.config.warmup,
-            )
-            threshold = float(dec.threshold)
-        else:
-            accepted = present & np.isfinite(g)
-            scores, threshold = [], float("inf")
-        tokens = tuple(p.tokens for p in pushes)
-        steps = tuple(p.steps for p in pushes)
-        weights = outer.learner_weights(
-            jnp.asarray(accepted),
-            weighting=self.config.weighting,
-            tokens=jnp.asarray(tokens, jnp.float32),
-            steps=jnp.asarray(steps, jnp.float32),
-        )
-        rnd.decision = Decide(
-            rnd.round_id,
-            rnd.learners,
-            tuple(bool(a) for a in accepted),
-            tokens,
-            steps,
-            tuple(float(w) for w in np.asarray(weights)),
-            tuple(float(x) for x in g),
-        )
-        rnd.timings["scores"] = scores  # type: ignore[assignment]
-        rnd.timings["threshold"] = threshold
-        for p, ok, fresh in zip(pushes, accepted, present, strict=True):
-            outcome = "applied" if ok else ("rejected" if fresh else "dropped")
-            self.ledger.settle(p.learner, p.tokens, outcome)
-            if ok and p.learner in self.members:
-                self.members[p.learner].contributions += 1
-        rnd.timings["decided_version"] = self.version
-        if not np.any(accepted):
-            # Nothing to merge: skip the update (no zero step that would still move the
-            # Nesterov momentum) and let the round's learners pull the current version.
-            rnd.pulling = {j for j in rnd.learners if j in self.members}
-            self._set_phase(Phase.PULL)
+    def _request_norms(self, rnd: Round, t: float) -> list[Action]:
+        limit = self.config.stale_limit()
+        kept = []
+        for p in rnd.pushes:
+            if limit is not None and self.version - p.meta.base_version > limit:
+                self._settle(p, "dropped")
+                rnd.dropped.append(p)
+            else:
+                kept.append(p)
+        rnd.pushes = kept
+        rnd.learners = tuple(p.learner for p in kept)
+        rnd.timings["transfers_done"] = t
+        if not kept:
+            rnd.decided_version = self.version
+            rnd.pulling = [p.learner for p in rnd.dropped if p.learner in self.members]
+            rnd.phase = Phase.PULL
             return [
-                Discard(rnd.round_id),
-                NotifyPull(rnd.round_id, tuple(sorted(rnd.pulling)), self.version),
+                Discard(rnd.round_id, "every push too stale"),
+                NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version),
             ]
-        self._set_phase(Phase.MERGE)
-        return [rnd.decision]
-
-    def _on_MergedNormReported(self, ev: MergedNormReported) -> list[Action]:
-        rnd = self.round
-        if rnd is None or self.phase is not Phase.MERGE or ev.round_id != rnd.round_id:
-            return []
-        rnd.timings["merged_norm"] = ev.t
-        m = float(ev.merged_sq_norm)
-        factor = (
-            1.0
-            if self.config.max_norm is None
-            else float(outer.clip_factor(m, self.config.max_norm))
-        )
-        rnd.timings["clip_factor"] = factor
-        rnd.timings["merged_sq_norm"] = m
-        self._set_phase(Phase.APPLY)
-        return [Apply(rnd.round_id, self.version + 1, factor, m)]
-
-    def _on_ApplyDone(self, ev: ApplyDone) -> list[Action]:
-        rnd = self.round
-        if rnd is None or self.phase is not Phase.APPLY or ev.round_id != rnd.round_id:
-            return []
-        if ev.version != self.version + 1:
-            raise ValueError(
-                f"round {rnd.round_id} applied as version {ev.version}, expected {self.version + 1}"
-            )
-        self.version = ev.version
-        rnd.timings["applied"] = ev.t
-        rnd.pulling = {j for j in rnd.learners if j in self.members}
-        self._set_phase(Phase.PULL)
-        return [NotifyPull(rnd.round_id, tuple(sorted(rnd.pulling)), self.version)]
+        rnd.phase = Phase.NORMS
+        return [RequestNorms(rnd.round_id, rnd.learners, tuple(p.meta.base_version for p in kept))]
 
     def _end_round(self, t: float) -> list[Action]:
         rnd = self.round
-        assert rnd is not None and rnd.decision is not None
-        d = rnd.decision
+        assert rnd is not None
         self.grace.observe_round(
             opened=rnd.opened,
             quorum_at=rnd.quorum_at if rnd.quorum_at is not None else rnd.opened,
             closed=rnd.closed if rnd.closed is not None else rnd.opened,
             ended=t,
         )
-        by_learner = {p.learner: p for p in rnd.pushes}
-        self.tape.append(
-            "round",
+        self.tape.append("round", **self.round_record(rnd, t).to_json())
+        self.round = None
+        if (
+            self.config.token_budget is not None
+            and self.ledger.totals()["reported"] >= self.config.token_budget
+        ):
+            self.stopped = True
+            for p in self.waiting:
+                self._settle(p, "dropped")
+            self.waiting = []
+            return [Stop(f"token budget {self.config.token_budget} reached")]
+        return self._open_next(t)
+
+    def round_record(self, rnd: Round, t: float) -> RoundRecord:
+        """The typed record of a finished round (what the tape stores and replay reads)."""
+        d = rnd.decision
+        decided = rnd.decided_version if rnd.decided_version is not None else self.version
+
+        def part(p: Push) -> Participant:
+            return Participant(p.learner, p.t, decided - p.meta.base_version, p.meta)
+
+        return RoundRecord(
             round_id=rnd.round_id,
             version=self.version,
-            applied="applied" in rnd.timings,
-            participants=[
-                {
-                    "learner": j,
-                    "base_version": by_learner[j].base_version,
-                    "tokens": by_learner[j].tokens,
-                    "steps": by_learner[j].steps,
-                    "pushed_at": by_learner[j].t,
-                    "staleness": rnd.timings["decided_version"] - by_learner[j].base_version,
-                    "meta": by_learner[j].meta,
-                }
-                for j in d.learners
-            ],
-            vector_clock={str(j): m.contributions for j, m in sorted(self.members.items())},
-            sq_norms=list(d.sq_norms),
-            scores=rnd.timings.get("scores", []),
-            threshold=rnd.timings.get("threshold"),
-            accepted=list(d.accepted),
-            weights=list(d.weights),
-            clip_factor=rnd.timings.get("clip_factor"),
-            merged_sq_norm=rnd.timings.get("merged_sq_norm"),
+            applied=rnd.applied,
+            participants=[part(p) for p in rnd.pushes],
+            dropped=[part(p) for p in rnd.dropped],
+            vector_clock={str(j): c for j, c in sorted(self.clock.items())},
+            sq_norms=list(d.sq_norms) if d else [],
+            scores=rnd.scores,
+            threshold=rnd.threshold,
+            accepted=list(d.accepted) if d else [],
+            weights=list(d.weights) if d else [],
+            clip_factor=rnd.clip_factor,
+            merged_sq_norm=rnd.merged_sq_norm,
             grace=rnd.grace,
             grace_policy=self.grace.describe(),
             timings={
@@ -660,18 +756,6 @@ class Leader:
                 "ended": t,
             },
         )
-        self.round = None
-        actions: list[Action] = []
-        if (
-            self.config.token_budget is not None
-            and self.ledger.totals()["consumed"] >= self.config.token_budget
-        ):
-            self.stopped = True
-            for p in self.waiting:
-                self.ledger.settle(p.learner, p.tokens, "dropped")
-            self.waiting = []
-            return [Stop(f"token budget {self.config.token_budget} reached")]
-        return actions + self._open_next(t)
 
     def _open_next(self, t: float) -> list[Action]:
         waiting, self.waiting = self.waiting, []
@@ -684,3 +768,114 @@ class Leader:
         if self.round is not None:
             actions += self._advance(t)
         return actions
+
+    # -- snapshot ------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The leader's whole state as JSON-able data (the event tape is kept apart)."""
+
+        def push(p: Push) -> dict[str, Any]:
+            return {
+                "learner": p.learner,
+                "meta": dataclasses.asdict(p.meta),
+                "t": p.t,
+                "transferred": p.transferred,
+                "outcome": p.outcome,
+            }
+
+        rnd = None
+        if self.round is not None:
+            r = self.round
+            rnd = {
+                **{
+                    f.name: getattr(r, f.name)
+                    for f in dataclasses.fields(r)
+                    if f.name not in ("phase", "pushes", "dropped", "decision", "norms", "merged")
+                },
+                "phase": r.phase.value,
+                "pushes": [push(p) for p in r.pushes],
+                "dropped": [push(p) for p in r.dropped],
+                "decision": None if r.decision is None else dataclasses.asdict(r.decision),
+                "norms": [[k, v] for k, v in r.norms.items()],
+                "merged": [[k, v] for k, v in r.merged.items()],
+            }
+        a = self.anomaly
+        return {
+            "format": 1,
+            "config": self.config.to_json(),
+            "grace": self.grace.state_dict(),
+            "version": self.version,
+            "members": [[j, dataclasses.asdict(m)] for j, m in self.members.items()],
+            "clock": [[j, c] for j, c in self.clock.items()],
+            "incarnations": [[j, c] for j, c in self.incarnations.items()],
+            "round": rnd,
+            "waiting": [push(p) for p in self.waiting],
+            "next_round_id": self.next_round_id,
+            "anomaly": {
+                "mu": float(a.mu),
+                "sigma": float(a.sigma),
+                "count": int(a.count),
+                "recent_scores": [float(x) for x in a.recent_scores],
+                "recent_valid": [bool(x) for x in a.recent_valid],
+                "cursor": int(a.cursor),
+            },
+            "ledger": self.ledger.to_json(),
+            "data": None if self.data is None else self.data.to_dict(),
+            "followers_up": [[k, v] for k, v in self.followers_up.items()],
+            "lru": list(self.lru),
+            "stopped": self.stopped,
+        }
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], tape: EventTape | None = None) -> Leader:
+        """A leader equal to the one that took :meth:`snapshot` (``tape`` continues)."""
+        state = json.loads(json.dumps(state))  # accept any JSON round trip, own nothing
+        if state.get("format") != 1:
+            raise ValueError(f"leader snapshot format {state.get('format')!r} is not 1")
+
+        def push(d: dict[str, Any]) -> Push:
+            meta = dict(d["meta"])
+            meta["new_chunks"] = tuple(meta["new_chunks"])
+            meta["finished_chunks"] = tuple(meta["finished_chunks"])
+            return Push(d["learner"], PushMeta(**meta), d["t"], d["transferred"], d["outcome"])
+
+        leader = cls(
+            LeaderConfig.from_json(state["config"]),
+            GracePolicy.from_state_dict(state["grace"]),
+            version=state["version"],
+            data=None if state["data"] is None else chunks.ChunkLedger.from_dict(state["data"]),
+        )
+        leader.members = {j: Member(**m) for j, m in state["members"]}
+        leader.clock = {j: c for j, c in state["clock"]}
+        leader.incarnations = {j: c for j, c in state["incarnations"]}
+        if state["round"] is not None:
+            r = dict(state["round"])
+            r["phase"] = Phase(r["phase"])
+            r["pushes"] = [push(p) for p in r["pushes"]]
+            r["dropped"] = [push(p) for p in r["dropped"]]
+            r["learners"] = tuple(r["learners"])
+            if r["decision"] is not None:
+                r["decision"] = Decide(
+                    **{k: tuple(v) if isinstance(v, list) else v for k, v in r["decision"].items()}
+                )
+            r["norms"] = {k: v for k, v in r["norms"]}
+            r["merged"] = {k: v for k, v in r["merged"]}
+            leader.round = Round(**r)
+        leader.waiting = [push(p) for p in state["waiting"]]
+        leader.next_round_id = state["next_round_id"]
+        a = state["anomaly"]
+        leader.anomaly = rules.History(
+            mu=np.float32(a["mu"]),
+            sigma=np.float32(a["sigma"]),
+            count=np.int32(a["count"]),
+            recent_scores=np.asarray(a["recent_scores"], np.float32),
+            recent_valid=np.asarray(a["recent_valid"], bool),
+            cursor=np.int32(a["cursor"]),
+        )
+        leader.ledger = TokenLedger.from_json(state["ledger"])
+        leader.followers_up = {k: v for k, v in state["followers_up"]}
+        leader.lru = tuple(state["lru"])
+        leader.stopped = state["stopped"]
+        if tape is not None:
+            leader.tape = tape
+        return leader

@@ -1,17 +1,23 @@
-"""Event tape and token ledger: what happened, in a form that can be replayed and audited.
+"""Event tape, round records and token ledger: what happened, replayable and auditable.
 
-The **event tape** is a list of JSON records, one per outer round and one per membership
+The **event tape** is a list of JSON records: one per outer round (a :class:`RoundRecord`),
+one per membership event (join, active, restart, outage, evict, leave) and one per follower
 event (Decoupled DiLoCo keeps such a tape with vector clocks and per-learner token counts to
-separate algorithmic behaviour from system noise). A round record holds everything needed
-to recompute the round: participants with their base versions, tokens and steps, the vector
-clock, anomaly scores, the accepted set, weights, the clip factor, the grace window used and
-the phase timings.
+separate algorithmic behaviour from system noise). A round record holds everything needed to
+recompute the round: participants with their :class:`~dipsjax.syncer.messages.PushMeta`
+(base version, tokens, steps, data position), the vector clock (accepted contributions per
+learner, monotone across eviction and rejoin), anomaly scores, the accepted set, weights, the
+clip factor, the grace window used and the phase timings. The leader writes it and
+:func:`dipsjax.sim.replay.replay` reads it, through the same :class:`RoundRecord` type.
 
-The **token ledger** accounts for every token a learner reports consuming: each ends as
-``applied`` (in an accepted contribution of an applied round), ``rejected`` (by the anomaly
-penalty), ``dropped`` (stale, its learner evicted or crashed, or refused) or is still
-``outstanding`` (pushed, not yet decided). Nothing disappears and nothing is counted twice:
-``consumed == applied + rejected + dropped + outstanding`` at every moment.
+The **token ledger** is the leader's side of the accounting, counted from events only: the
+tokens learners *reported* in their pushes (refused pushes included) and how they were
+settled -- ``applied`` (an accepted contribution of an applied round), ``rejected`` (the
+anomaly penalty or a non-finite norm), ``dropped`` (stale, refused, its learner evicted or
+restarted, its round discarded). Tokens still pending are the leader's
+:meth:`~dipsjax.syncer.Leader.outstanding_tokens`, summed over its pending pushes, not a
+remainder. Learners count what they consumed on their own side; the test of the invariant
+compares the two.
 """
 
 from __future__ import annotations
@@ -22,49 +28,118 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dipsjax.syncer.messages import PushMeta
+
 OUTCOMES = ("applied", "rejected", "dropped")
 
 
 @dataclasses.dataclass
 class TokenLedger:
-    """Per-learner token accounting (see module docstring)."""
+    """Per-learner tokens reported and settled at the leader (see module docstring)."""
 
-    consumed: dict[int, int] = dataclasses.field(default_factory=dict)
+    reported: dict[int, int] = dataclasses.field(default_factory=dict)
     settled: dict[str, dict[int, int]] = dataclasses.field(
         default_factory=lambda: {k: {} for k in OUTCOMES}
     )
 
-    def consume(self, learner: int, tokens: int) -> None:
-        """A learner reports ``tokens`` consumed (they are outstanding until settled)."""
+    def report(self, learner: int, tokens: int) -> None:
+        """A push of ``learner`` reported ``tokens``."""
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens} for learner {learner}")
-        self.consumed[learner] = self.consumed.get(learner, 0) + int(tokens)
+        self.reported[learner] = self.reported.get(learner, 0) + int(tokens)
 
     def settle(self, learner: int, tokens: int, outcome: str) -> None:
-        """Moves ``tokens`` of ``learner`` from outstanding to ``outcome``."""
+        """Records how ``tokens`` of ``learner`` ended; never more than were reported."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-        if tokens > self.outstanding(learner):
+        done = sum(self.settled[k].get(learner, 0) for k in OUTCOMES)
+        if done + tokens > self.reported.get(learner, 0):
             raise ValueError(
                 f"learner {learner}: settling {tokens} tokens as {outcome} but only "
-                f"{self.outstanding(learner)} are outstanding"
+                f"{self.reported.get(learner, 0) - done} reported tokens are unsettled"
             )
         book = self.settled[outcome]
         book[learner] = book.get(learner, 0) + int(tokens)
 
-    def outstanding(self, learner: int) -> int:
-        done = sum(self.settled[k].get(learner, 0) for k in OUTCOMES)
-        return self.consumed.get(learner, 0) - done
-
     def totals(self) -> dict[str, int]:
-        """``{'consumed', 'applied', 'rejected', 'dropped', 'outstanding'}`` over learners."""
+        """``{'reported', 'applied', 'rejected', 'dropped'}`` summed over learners."""
         out = {k: sum(v.values()) for k, v in self.settled.items()}
-        out["consumed"] = sum(self.consumed.values())
-        out["outstanding"] = out["consumed"] - sum(out[k] for k in OUTCOMES)
+        out["reported"] = sum(self.reported.values())
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {"consumed": self.consumed, "settled": self.settled}
+        return {
+            "reported": [[j, n] for j, n in self.reported.items()],
+            "settled": {k: [[j, n] for j, n in v.items()] for k, v in self.settled.items()},
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TokenLedger:
+        return cls(
+            reported={j: n for j, n in d["reported"]},
+            settled={k: {j: n for j, n in v} for k, v in d["settled"].items()},
+        )
+
+
+@dataclasses.dataclass
+class Participant:
+    """One push of a round: its learner, arrival time, staleness and reported metadata."""
+
+    learner: int
+    pushed_at: float
+    staleness: int
+    meta: PushMeta
+
+    @property
+    def base_version(self) -> int:
+        return self.meta.base_version
+
+    @property
+    def tokens(self) -> int:
+        return self.meta.tokens
+
+    @property
+    def steps(self) -> int:
+        return self.meta.steps
+
+
+@dataclasses.dataclass
+class RoundRecord:
+    """One finished round, as the leader decided it (the tape's ``round`` record)."""
+
+    round_id: int
+    version: int  # the global version after the round
+    applied: bool
+    participants: list[Participant]
+    dropped: list[Participant]  # pushes too stale to use (dropped before the norms)
+    vector_clock: dict[str, int]
+    sq_norms: list[float]
+    scores: list[float]
+    threshold: float | None
+    accepted: list[bool]
+    weights: list[float]
+    clip_factor: float | None
+    merged_sq_norm: float | None
+    grace: float
+    grace_policy: dict[str, Any]
+    timings: dict[str, float | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RoundRecord:
+        d = {k: v for k, v in d.items() if k != "kind"}
+
+        def part(p: dict[str, Any]) -> Participant:
+            meta = dict(p["meta"])
+            meta["new_chunks"] = tuple(meta["new_chunks"])
+            meta["finished_chunks"] = tuple(meta["finished_chunks"])
+            return Participant(p["learner"], p["pushed_at"], p["staleness"], PushMeta(**meta))
+
+        d["participants"] = [part(p) for p in d["participants"]]
+        d["dropped"] = [part(p) for p in d["dropped"]]
+        return cls(**d)
 
 
 @dataclasses.dataclass
@@ -81,6 +156,9 @@ class EventTape:
 
     def rounds(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r["kind"] == "round"]
+
+    def round_records(self) -> list[RoundRecord]:
+        return [RoundRecord.from_json(r) for r in self.rounds()]
 
     def membership(self) -> list[dict[str, Any]]:
         return [r for r in self.records if r["kind"] == "membership"]

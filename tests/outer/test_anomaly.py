@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dipsjax import outer
+from dipsjax import outer, rules
 
 
 def _decide(state, g, present=None, **kw):
@@ -116,3 +116,71 @@ def test_invalid_arguments_name_the_field():
         tx.update({"w": jnp.ones((2, 3))}, tx.init(None), mask=jnp.ones(3, bool))
     with pytest.raises(ValueError, match="leading learner axis"):
         tx.update({"w": jnp.ones((2, 3)), "b": jnp.ones((3,))}, tx.init(None))
+
+
+def _stream(cfg, decay, rounds=120, seed=0):
+    """Rounds of 4 learners with decaying norms and a 100x outlier every 7th round."""
+    rng = np.random.default_rng(seed)
+    state = rules.init_history(np, cfg.history)
+    outliers_caught, normal_rejected = [], 0
+    for r in range(rounds):
+        g = (50.0 * np.exp(-r / decay) + 5.0) * rng.lognormal(0.0, 0.2, 4).astype(np.float32)
+        if r % 7 == 3:
+            g[r % 4] *= 100.0
+        with np.errstate(all="ignore"):
+            dec = rules.score(
+                np,
+                state,
+                g,
+                np.ones(4, bool),
+                beta=cfg.beta,
+                warmup=cfg.warmup,
+                min_max_score=cfg.min_max_score,
+                min_sigma_ratio=cfg.min_sigma_ratio,
+            )
+            state = rules.fold(
+                np, state, g, dec.scores, dec.accepted, alpha=cfg.alpha, warmup=cfg.warmup
+            )
+        for j in range(4):
+            if r % 7 == 3 and j == r % 4:
+                outliers_caught.append(not dec.accepted[j])
+            else:
+                normal_rejected += not dec.accepted[j]
+    return np.mean(outliers_caught), normal_rejected
+
+
+def test_paper_cold_start_lets_an_early_outlier_blind_the_detector():
+    # mu = sigma = 0 at the start: the first round scores +inf, the threshold stays +inf until
+    # the recent-score stack cycles, and the outlier accepted meanwhile poisons the history.
+    caught, _ = _stream(rules.AnomalyConfig.paper(), decay=150.0)
+    assert caught == 0.0
+    caught, false = _stream(rules.AnomalyConfig(warmup=3), decay=150.0)
+    assert caught == 1.0 and false == 0
+
+
+def test_without_the_max_floor_falling_norms_reject_normal_learners():
+    # Norms falling fast make every recent score negative: beta * max(recent E) < 0.
+    _, false = _stream(rules.AnomalyConfig(warmup=3, min_max_score=None), decay=20.0)
+    assert false > 100
+    _, false = _stream(rules.AnomalyConfig(warmup=3), decay=20.0)
+    assert false == 0
+
+
+def test_numpy_leader_rule_matches_the_jax_transform():
+    rng = np.random.default_rng(1)
+    cfg = rules.AnomalyConfig(warmup=2)
+    st_np = rules.init_history(np, cfg.history)
+    st_jx = outer.init_anomaly_state(history=cfg.history)
+    for _ in range(20):
+        g = rng.lognormal(0, 0.3, 5).astype(np.float32) * 10
+        present = rng.random(5) > 0.2
+        d_np = rules.score(
+            np, st_np, g, present, beta=3.0, warmup=2, min_max_score=1.0, min_sigma_ratio=0.0
+        )
+        d_jx = outer.score_learners(st_jx, g, present, warmup=2)
+        assert d_np.accepted.tolist() == np.asarray(d_jx.accepted).tolist()
+        np.testing.assert_allclose(d_np.scores, d_jx.scores, rtol=1e-5)
+        st_np = rules.fold(np, st_np, g, d_np.scores, d_np.accepted, alpha=0.02, warmup=2)
+        st_jx = outer.fold_history(st_jx, g, d_jx.scores, d_jx.accepted, warmup=2)
+        np.testing.assert_allclose(st_np.mu, st_jx.mu, rtol=1e-5)
+        np.testing.assert_allclose(st_np.sigma, st_jx.sigma, rtol=1e-5)

@@ -7,7 +7,7 @@ import pytest
 
 from dipsjax import outer
 from dipsjax.syncer import Follower
-from dipsjax.syncer import leader as L
+from dipsjax.syncer import messages as L
 
 PARAMS = {
     "embed": {"table": np.arange(12.0).reshape(4, 3)},
@@ -30,7 +30,7 @@ def _round(tx, reference, payloads, decide_kwargs):
     for j in learners:
         for f, part in zip(fs, outer.split_tree(payloads[j], _shard_of, 3), strict=True):
             f.receive(0, j, part)
-    g = sum(f.partial_norms(0, learners) for f in fs)
+    g = sum(f.partial_norms(0, learners, (0,) * len(learners)) for f in fs)
     decide = L.Decide(0, learners, sq_norms=tuple(float(x) for x in g), **decide_kwargs)
     m = sum(f.merged_partial(decide) for f in fs)
     factor = float(outer.clip_factor(m, 1.0))
@@ -47,11 +47,8 @@ def test_followers_equal_single_process(reference):
     ends = {
         j: jax.tree.map(lambda p: p + 0.3 * rng.standard_normal(p.shape), PARAMS) for j in (0, 1, 2)
     }
-    payloads = (
-        ends
-        if reference == "server"
-        else {j: jax.tree.map(lambda p, e: p - e, PARAMS, ends[j]) for j in ends}
-    )
+    # Learners always send Delta_start; at version 0 the server reference rebuilds the same.
+    payloads = {j: jax.tree.map(lambda p, e: p - e, PARAMS, ends[j]) for j in ends}
     kw = dict(
         accepted=(True, False, True),
         tokens=(10, 20, 30),
@@ -74,7 +71,7 @@ def test_followers_equal_single_process(reference):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
     # Every follower recorded the same global clip factor and merged norm.
     for f in fs:
-        assert float(f.opt_state["clip"].input_sq_norm) == pytest.approx(m)
+        assert float(f.state.opt_state["clip"].input_sq_norm) == pytest.approx(m)
 
 
 def test_apply_is_idempotent_and_ordered():
@@ -82,10 +79,10 @@ def test_apply_is_idempotent_and_ordered():
     payload = {j: jax.tree.map(lambda p: 0.1 * np.ones_like(p), PARAMS) for j in (0,)}
     kw = dict(accepted=(True,), tokens=(1,), steps=(1,), weights=(1.0,))
     fs, _, m = _round(tx, "start", payload, kw)
-    before = jax.device_get(fs[0].params)
+    before = jax.device_get(fs[0].pull()[1])
     decide = L.Decide(0, (0,), (True,), (1,), (1,), (1.0,), (1.0,))
     assert fs[0].apply(decide, L.Apply(0, 1, 1.0, m)) == 1  # a retried round: no-op
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(fs[0].params), before)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(fs[0].pull()[1]), before)
     with pytest.raises(ValueError, match="cannot apply version 3"):
         fs[0].apply(decide, L.Apply(2, 3, 1.0, m))
 
@@ -100,3 +97,94 @@ def test_bad_shards_are_refused_with_a_clear_error():
         f.partial_norms(0, (1,))
     f.receive(0, 1, {"w": np.ones((2, 2))})  # still serving after the bad ones
     assert f.partial_norms(0, (1,)).tolist() == [4.0]
+
+
+FLAT = {"layer_0": {"w": np.arange(9.0).reshape(3, 3) / 10}, "head": np.linspace(-1, 1, 5)}
+
+
+@pytest.mark.parametrize(
+    "make_tx",
+    [outer.decoupled_diloco, outer.diloco, lambda: outer.dips(warmup=0)],
+    ids=["decoupled", "diloco", "dips"],
+)
+def test_followers_merge_only_the_leaders_accepted_set(make_tx):
+    """Bug: chains without a reject stage merged every received learner, whatever the
+    leader decided; a dropped or NaN contribution reached the parameters."""
+    tx = make_tx()
+    f = Follower(0, FLAT, tx, capacity=2)
+    good = jax.tree.map(lambda p: 0.01 * np.ones_like(p), FLAT)
+    bad = jax.tree.map(lambda p: np.full_like(p, np.nan), FLAT)
+    f.receive(0, 0, good)
+    f.receive(0, 1, bad)
+    g = f.partial_norms(0, (0, 1))
+    decide = L.Decide(0, (0, 1), (True, False), (10, 10), (1, 1), (1.0, 0.0), tuple(map(float, g)))
+    merged = f.merged_partial(decide)
+    f.apply(decide, L.Apply(0, 1, 1.0, merged))
+    got = jax.device_get(f.pull()[1])
+    # One accepted learner, first Nesterov step: theta - lr * (1 + momentum) * Delta_0.
+    want = jax.tree.map(lambda p, d: p - 0.7 * 1.8 * d, FLAT, good)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
+
+
+def test_followers_apply_the_leaders_weights_and_clip_factor_as_given():
+    tx = outer.dips(warmup=0)
+    f = Follower(0, FLAT, tx, capacity=2)
+    d0 = jax.tree.map(lambda p: 0.01 * np.ones_like(p), FLAT)
+    d1 = jax.tree.map(lambda p: -0.03 * np.ones_like(p), FLAT)
+    f.receive(0, 0, d0)
+    f.receive(0, 1, d1)
+    g = f.partial_norms(0, (0, 1))
+    # Weights that token counts would not give, and a clip the norm would not need.
+    decide = L.Decide(0, (0, 1), (True, True), (10, 10), (1, 1), (0.75, 0.25), tuple(map(float, g)))
+    merged = f.merged_partial(decide)
+    f.apply(decide, L.Apply(0, 1, 0.5, merged))
+    got = jax.device_get(f.pull()[1])
+    want = jax.tree.map(lambda p, a, b: p - 0.7 * 1.8 * 0.5 * (0.75 * a + 0.25 * b), FLAT, d0, d1)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), got, want)
+
+
+@pytest.mark.parametrize("codec,bound", [("int8", 0.02), ("int4", 0.2)])
+def test_server_reference_quantizes_pseudo_gradients_not_parameters(codec, bound):
+    """Bug: under Di-PS's server reference the wire carried theta_end, so int4 quantized
+    parameters (464% error relative to Delta). Now the learner sends Delta_start and the
+    follower rebuilds theta_now - theta_end from its cached base version."""
+    rng = np.random.default_rng(0)
+    theta0 = {"w": rng.standard_normal((64, 64)).astype(np.float32)}
+    tx = outer.dips(warmup=0)
+    f = Follower(0, theta0, tx, capacity=2, reference="server")
+    # Version 1 is applied while the learner trains from version 0.
+    step = {"w": 1e-3 * rng.standard_normal((64, 64)).astype(np.float32)}
+    f.receive(0, 9, step)
+    f.partial_norms(0, (9,), (0,))
+    d = L.Decide(0, (9,), (True,), (1,), (1,), (1.0,), (1.0,))
+    f.apply(d, L.Apply(0, 1, 1.0, f.merged_partial(d)))
+    theta_now = jax.device_get(f.pull()[1])
+    theta_end = {"w": theta0["w"] - 1e-3 * rng.standard_normal((64, 64)).astype(np.float32)}
+    delta_start = {"w": theta0["w"] - theta_end["w"]}
+    sent = outer.decode_tree(outer.encode_tree(delta_start, codec))
+    f.receive(1, 0, sent)
+    f.partial_norms(1, (0,), (0,))
+    _, rebuilt = f._batch[1]
+    exact = theta_now["w"] - theta_end["w"]
+    err = np.asarray(rebuilt["w"][0]) - exact
+    # Elementwise within the codec's documented bound on Delta_start (plus FP32 rounding)...
+    assert np.all(np.abs(err) <= np.asarray(outer.error_bound(delta_start["w"], codec)) + 1e-6)
+    # ...so relative to the pseudo-gradient the error is small.
+    assert np.linalg.norm(err) / np.linalg.norm(exact) < bound
+
+
+def test_pulls_are_snapshots_and_old_versions_fall_out_of_the_cache():
+    f = Follower(0, FLAT, outer.diloco(), capacity=1, version_cache=2)
+    snaps = [f.pull()]
+    for v in (1, 2):
+        f.receive(v, 0, jax.tree.map(lambda p: 0.1 * np.ones_like(p), FLAT))
+        f.partial_norms(v, (0,))
+        d = L.Decide(v, (0,), (True,), (1,), (1,), (1.0,), (1.0,))
+        f.apply(d, L.Apply(v, v, 1.0, f.merged_partial(d)))
+        snaps.append(f.pull())
+    # Later outer steps (which donate their buffers) did not touch what a pull returned.
+    assert [v for v, _ in snaps] == [0, 1, 2]
+    np.testing.assert_array_equal(np.asarray(snaps[0][1]["head"]), FLAT["head"])
+    assert f.cached_versions() == (1, 2) and f.state.version == 2
+    with pytest.raises(KeyError, match="not 0"):
+        f.pull(0)

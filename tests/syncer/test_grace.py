@@ -53,14 +53,40 @@ def test_dynamic_grace_is_capped():
 def test_quorum_grace_slack_formula():
     q = grace.QuorumGrace(k=2, gamma=0.5, smoothing=1.0)
     assert q.quorum(members=4) == 2 and q.quorum(members=1) == 1
-    q.observe_push(0, 0.0)
-    q.observe_push(0, 100.0)  # tau * xi_step: 100 s between a learner's pushes
+    q.observe_push(0, 0.0, train_seconds=100.0)  # tau * xi_step as the learner reports it
+    q.observe_push(1, 0.0, train_seconds=150.0)  # the next sync is due at the soonest
     q.observe_round(opened=0.0, quorum_at=10.0, closed=10.0, ended=40.0)
     assert q.slack == pytest.approx(100.0 - (10.0 + 30.0))
     assert q.window(0.0) == pytest.approx(0.5 * 60.0)
     assert grace.QuorumGrace(k=2, grace=False).window(0.0) == 0.0
     q.observe_round(opened=0.0, quorum_at=90.0, closed=90.0, ended=200.0)
     assert q.window(0.0) == 0.0  # negative slack: no grace
+
+
+def test_quorum_grace_window_does_not_feed_on_itself():
+    """Bug: the slack was estimated from push intervals. A learner that waits for its pull
+    pushes every ``compute + window + sync`` seconds, so the window grew to about
+    gamma / (1 - gamma) times the compute (88 s for 10 s of compute at gamma = 0.9)."""
+    q = grace.QuorumGrace(k=1, gamma=0.9)
+    t, compute, sync = 0.0, 10.0, 1.0
+    for _ in range(200):
+        q.observe_push(0, t, train_seconds=compute)
+        window = q.window(t)
+        q.observe_round(opened=t, quorum_at=t, closed=t + window, ended=t + window + sync)
+        t += window + sync + compute  # the learner waited for its pull, then trained
+    assert q.window(t) == pytest.approx(0.9 * (compute - sync), rel=1e-6)
+
+
+def test_policy_state_round_trips_through_json():
+    import json
+
+    for p in (grace.DynamicGrace(), grace.QuorumGrace(k=2), grace.FixedGrace(3.0), grace.NoGrace()):
+        p.observe_push(1, 2.0, train_seconds=5.0)
+        p.observe_push(2, 4.0, train_seconds=6.0)
+        p.observe_round(opened=0.0, quorum_at=1.0, closed=2.0, ended=9.0)
+        state = json.loads(json.dumps(p.state_dict()))
+        q = grace.GracePolicy.from_state_dict(state)
+        assert q == p and q.window(10.0) == p.window(10.0)
 
 
 def test_policies_validate_and_build_by_name():

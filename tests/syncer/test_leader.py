@@ -6,8 +6,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dipsjax.rules import AnomalyConfig
 from dipsjax.syncer import FixedGrace, Leader, LeaderConfig, NoGrace, QuorumGrace
-from dipsjax.syncer import leader as L
+from dipsjax.syncer import messages as L
+
+
+def push(t, j, tokens, steps, base, **meta):
+    return L.PushRequested(t, j, L.PushMeta(tokens=tokens, steps=steps, base_version=base, **meta))
+
+
+def totals(leader):
+    """The leader's books plus its pending pushes, summed independently."""
+    tot = leader.ledger.totals()
+    tot["outstanding"] = leader.outstanding_tokens()
+    return tot
 
 
 def kinds(actions):
@@ -29,9 +41,17 @@ def finish_round(leader, t, norms=None, merged=0.25):
     req = [a for a in acts if isinstance(a, L.RequestNorms)]
     assert len(req) == 1
     g = norms or tuple(1.0 for _ in req[0].learners)
-    (decide,) = leader.handle(L.NormsReported(t, rnd.round_id, g))
-    (apply,) = leader.handle(L.MergedNormReported(t, rnd.round_id, merged))
-    (notify,) = leader.handle(L.ApplyDone(t, rnd.round_id, apply.version))
+    n = leader.config.num_followers  # follower 0 holds everything, the others nothing
+    zeros = tuple(0.0 for _ in g)
+    for k in range(1, n):
+        assert leader.handle(L.FollowerNorms(t, k, rnd.round_id, zeros)) == []
+    (decide,) = leader.handle(L.FollowerNorms(t, 0, rnd.round_id, g))
+    for k in range(1, n):
+        leader.handle(L.FollowerMerged(t, k, rnd.round_id, 0.0))
+    (apply,) = leader.handle(L.FollowerMerged(t, 0, rnd.round_id, merged))
+    for k in range(1, n):
+        leader.handle(L.FollowerApplied(t, k, rnd.round_id, apply.version))
+    (notify,) = leader.handle(L.FollowerApplied(t, 0, rnd.round_id, apply.version))
     out = []
     for j in notify.learners:
         out += leader.handle(L.PullDone(t, j, apply.version))
@@ -41,27 +61,27 @@ def finish_round(leader, t, norms=None, merged=0.25):
 def test_round_lifecycle_with_fixed_grace():
     leader = Leader(LeaderConfig(penalty=False), FixedGrace(5.0))
     join_all(leader, 3)
-    a = leader.handle(L.PushRequested(0.0, 0, 100, 4, 0))
-    assert a == [L.Schedule(0, 0), L.WakeAt(5.0)]
+    a = leader.handle(push(0.0, 0, 100, 4, 0))
+    assert a == [L.PushShards(0, 0), L.WakeAt(5.0)]
     # Each arrival re-arms the window (Di-PS sec. 6 pseudo-code): now open until t = 8.
-    assert leader.handle(L.PushRequested(3.0, 1, 300, 4, 0)) == [L.Schedule(0, 1), L.WakeAt(8.0)]
+    assert leader.handle(push(3.0, 1, 300, 4, 0)) == [L.PushShards(0, 1), L.WakeAt(8.0)]
     # Transfers land but the window is still open: nothing starts before t = 8.
     assert leader.handle(L.TransferDone(3.5, 0, 0)) == []
     assert leader.handle(L.TransferDone(4.0, 1, 0)) == []
     assert leader.handle(L.Tick(5.0)) == []
     assert kinds(leader.handle(L.Tick(8.0))) == ["RequestNorms"]
     # A push during the update waits for the next round (no barrier across rounds).
-    assert leader.handle(L.PushRequested(6.0, 2, 50, 4, 0)) == []
-    (decide,) = leader.handle(L.NormsReported(6.0, 0, (1.0, 1.0)))
+    assert leader.handle(push(6.0, 2, 50, 4, 0)) == []
+    (decide,) = leader.handle(L.FollowerNorms(6.0, 0, 0, (1.0, 1.0)))
     assert decide.learners == (0, 1) and decide.accepted == (True, True)
     assert decide.weights == pytest.approx((0.25, 0.75))  # token weighting
-    (apply,) = leader.handle(L.MergedNormReported(7.0, 0, 4.0))
+    (apply,) = leader.handle(L.FollowerMerged(7.0, 0, 0, 4.0))
     assert apply.version == 1 and apply.clip_factor == pytest.approx(0.5)
-    (notify,) = leader.handle(L.ApplyDone(8.0, 0, 1))
+    (notify,) = leader.handle(L.FollowerApplied(8.0, 0, 0, 1))
     assert notify == L.NotifyPull(0, (0, 1), 1)
     assert leader.handle(L.PullDone(9.0, 0, 1)) == []
     # The last pull ends the round; the waiting push opens round 1 at once.
-    assert leader.handle(L.PullDone(9.5, 1, 1)) == [L.Schedule(1, 2), L.WakeAt(14.5)]
+    assert leader.handle(L.PullDone(9.5, 1, 1)) == [L.PushShards(1, 2), L.WakeAt(14.5)]
     rec = leader.tape.rounds()[0]
     assert rec["accepted"] == [True, True] and rec["clip_factor"] == pytest.approx(0.5)
     assert rec["vector_clock"] == {"0": 1, "1": 1, "2": 0}
@@ -71,63 +91,63 @@ def test_round_lifecycle_with_fixed_grace():
 def test_push_during_transfers_joins_the_round_before_its_update():
     leader = Leader(LeaderConfig(penalty=False), NoGrace())
     join_all(leader, 3)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))  # window 0: closed, shards in flight
+    leader.handle(push(0.0, 0, 10, 1, 0))  # window 0: closed, shards in flight
     assert leader.phase.value == "transfers"
-    assert leader.handle(L.PushRequested(0.5, 1, 10, 1, 0)) == [L.Schedule(0, 1), L.WakeAt(0.5)]
+    assert leader.handle(push(0.5, 1, 10, 1, 0)) == [L.PushShards(0, 1), L.WakeAt(0.5)]
     leader.handle(L.TransferDone(1.0, 0, 0))
     assert kinds(leader.handle(L.TransferDone(1.5, 1, 0))) == ["RequestNorms"]
     assert leader.round.learners == (0, 1)
     # Once the update started, a push waits for the next round.
-    assert leader.handle(L.PushRequested(2.0, 2, 10, 1, 0)) == []
+    assert leader.handle(push(2.0, 2, 10, 1, 0)) == []
     # Decoupled's quorum policy does not reopen: its window is bounded after the quorum.
     q = Leader(LeaderConfig(penalty=False), QuorumGrace(k=1, grace=False))
     join_all(q, 2)
-    q.handle(L.PushRequested(0.0, 0, 10, 1, 0))
-    assert q.handle(L.PushRequested(0.5, 1, 10, 1, 0)) == []
+    q.handle(push(0.0, 0, 10, 1, 0))
+    assert q.handle(push(0.5, 1, 10, 1, 0)) == []
 
 
 def test_window_closes_early_when_everyone_is_in():
     leader = Leader(LeaderConfig(penalty=False), FixedGrace(100.0))
     join_all(leader, 2)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 0, 10, 1, 0))
     leader.handle(L.TransferDone(0.5, 0, 0))
-    leader.handle(L.PushRequested(1.0, 1, 10, 1, 0))
+    leader.handle(push(1.0, 1, 10, 1, 0))
     assert kinds(leader.handle(L.TransferDone(1.5, 1, 0))) == ["RequestNorms"]
 
 
 def test_quorum_waits_for_k_then_grace():
     leader = Leader(LeaderConfig(penalty=False), QuorumGrace(k=2, grace=False))
     join_all(leader, 3)
-    assert kinds(leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))) == ["Schedule"]
+    assert kinds(leader.handle(push(0.0, 0, 10, 1, 0))) == ["PushShards"]
     leader.handle(L.TransferDone(0.1, 0, 0))
     assert leader.handle(L.Tick(25.0)) == []  # one push < quorum 2: keep waiting
-    acts = leader.handle(L.PushRequested(26.0, 1, 10, 1, 0))
-    assert kinds(acts) == ["Schedule", "WakeAt"]
+    acts = leader.handle(push(26.0, 1, 10, 1, 0))
+    assert kinds(acts) == ["PushShards", "WakeAt"]
     assert kinds(leader.handle(L.TransferDone(26.1, 1, 0))) == ["RequestNorms"]
 
 
 def test_max_participants_one_applies_each_push_alone():
     leader = Leader(LeaderConfig(penalty=False, max_participants=1), NoGrace())
     join_all(leader, 2)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))
-    assert leader.handle(L.PushRequested(0.1, 1, 10, 1, 0)) == []
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    assert leader.handle(push(0.1, 1, 10, 1, 0)) == []
     decide, _, _, after = finish_round(leader, 1.0)
     assert decide.learners == (0,)
-    assert kinds(after)[:1] == ["Schedule"] and leader.round.pushes[0].learner == 1
+    assert kinds(after)[:1] == ["PushShards"] and leader.round.pushes[0].learner == 1
 
 
 def test_missed_heartbeats_evict_without_stopping_others():
     leader = Leader(LeaderConfig(heartbeat_interval=10.0, missed_heartbeats=3, penalty=False))
     join_all(leader, 2)
-    leader.handle(L.PushRequested(1.0, 1, 10, 1, 0))  # learner 1 pushes, then goes silent
+    leader.handle(push(1.0, 1, 10, 1, 0))  # learner 1 pushes, then goes silent
     for t in (10.0, 20.0, 30.0):
         assert leader.handle(L.Heartbeat(t, 0)) == []
     acts = leader.handle(L.Heartbeat(31.5, 0))
     assert L.Evict(1, "missed heartbeats") in acts
     assert leader.active_members() == [0]
     # Its pending push was dropped, and the ledger says so.
-    assert leader.ledger.totals() == {
-        "consumed": 10,
+    assert totals(leader) == {
+        "reported": 10,
         "applied": 0,
         "rejected": 0,
         "dropped": 10,
@@ -135,7 +155,7 @@ def test_missed_heartbeats_evict_without_stopping_others():
     }
     assert leader.tape.membership()[-1]["event"] == "evict"
     # The survivor keeps going alone.
-    leader.handle(L.PushRequested(32.0, 0, 5, 1, 0))
+    leader.handle(push(32.0, 0, 5, 1, 0))
     decide, apply, _, _ = finish_round(leader, 33.0)
     assert decide.learners == (0,) and apply.version == 1
 
@@ -143,51 +163,68 @@ def test_missed_heartbeats_evict_without_stopping_others():
 def test_join_pulls_a_model_first_and_pushes_before_are_refused():
     leader = Leader()
     assert leader.handle(L.Join(0.0, 7)) == [L.SendModel(7, 0)]
-    assert kinds(leader.handle(L.PushRequested(1.0, 7, 10, 1, 0))) == ["Refuse"]
+    assert kinds(leader.handle(push(1.0, 7, 10, 1, 0))) == ["Refuse"]
     leader.handle(L.PullDone(2.0, 7, 0))
-    assert kinds(leader.handle(L.PushRequested(3.0, 7, 10, 1, 0))) == ["Schedule", "WakeAt"]
-    assert kinds(leader.handle(L.PushRequested(3.5, 7, 10, 1, 0))) == ["Refuse"]
-    assert kinds(leader.handle(L.PushRequested(3.6, 99, 10, 1, 0))) == ["Refuse"]
+    assert kinds(leader.handle(push(3.0, 7, 10, 1, 0))) == ["PushShards", "WakeAt"]
+    assert kinds(leader.handle(push(3.5, 7, 10, 1, 0))) == ["Refuse"]
+    assert kinds(leader.handle(push(3.6, 99, 10, 1, 0))) == ["Refuse"]
 
 
 def test_stale_contributions_are_dropped_and_anomalies_rejected():
-    cfg = LeaderConfig(penalty=True, warmup=0, max_staleness=1)
+    cfg = LeaderConfig(penalty=True, anomaly=AnomalyConfig(warmup=0), max_staleness=1)
     leader = Leader(cfg, FixedGrace(10.0), version=5)
     join_all(leader, 3)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 5))
-    leader.handle(L.PushRequested(0.0, 1, 10, 1, 3))  # two versions old: stale
-    leader.handle(L.PushRequested(0.0, 2, 10, 1, 5))
-    decide, *_ = finish_round(leader, 1.0, norms=(1.0, 1.0, float("nan")))
-    assert decide.accepted == (True, False, False)
-    assert leader.ledger.totals() == {
-        "consumed": 30,
+    leader.handle(push(0.0, 0, 10, 1, 5))
+    leader.handle(push(0.0, 1, 10, 1, 3))  # two versions old: stale, dropped before norms
+    leader.handle(push(0.0, 2, 10, 1, 5))
+    decide, *_ = finish_round(leader, 1.0, norms=(1.0, float("nan")))
+    assert decide.learners == (0, 2) and decide.accepted == (True, False)
+    assert totals(leader) == {
+        "reported": 30,
         "applied": 10,
         "rejected": 10,
         "dropped": 10,
         "outstanding": 0,
     }
+    rec = leader.tape.round_records()[0]
+    assert [p.learner for p in rec.dropped] == [1] and rec.dropped[0].staleness == 2
+
+
+def test_server_reference_drops_pushes_older_than_the_version_cache():
+    cfg = LeaderConfig(penalty=False, reference="server", version_cache=3)
+    assert cfg.stale_limit() == 2
+    leader = Leader(cfg, NoGrace(), version=10)
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 8))  # 2 versions old: its base is still cached
+    leader.handle(push(0.0, 1, 10, 1, 7))  # 3 old: the followers cannot rebuild it
+    acts = []
+    for j in (0, 1):
+        acts += leader.handle(L.TransferDone(0.5, j, 0))
+    (req,) = [a for a in acts if isinstance(a, L.RequestNorms)]
+    assert req.learners == (0,) and req.base_versions == (8,)
+    assert leader.ledger.totals()["dropped"] == 10
 
 
 def test_token_budget_stops_after_the_round():
     leader = Leader(LeaderConfig(penalty=False, token_budget=25), NoGrace())
     join_all(leader, 2)
-    leader.handle(L.PushRequested(0.0, 0, 20, 1, 0))
-    leader.handle(L.PushRequested(0.0, 1, 20, 1, 0))
+    leader.handle(push(0.0, 0, 20, 1, 0))
+    leader.handle(push(0.0, 1, 20, 1, 0))
     _, _, _, after = finish_round(leader, 1.0)
     assert after == [L.Stop("token budget 25 reached")]
-    assert leader.handle(L.PushRequested(2.0, 0, 1, 1, 1)) == []
+    assert leader.handle(push(2.0, 0, 1, 1, 1)) == []
 
 
 def test_duplicate_reports_are_ignored():
     leader = Leader(LeaderConfig(penalty=False), NoGrace())
     join_all(leader, 1)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 0, 10, 1, 0))
     leader.handle(L.TransferDone(0.0, 0, 0))
-    assert kinds(leader.handle(L.NormsReported(1.0, 0, (1.0,)))) == ["Decide"]
-    assert leader.handle(L.NormsReported(1.1, 0, (1.0,))) == []
-    assert kinds(leader.handle(L.MergedNormReported(2.0, 0, 1.0))) == ["Apply"]
-    leader.handle(L.ApplyDone(3.0, 0, 1))
-    assert leader.handle(L.ApplyDone(3.1, 0, 1)) == []
+    assert kinds(leader.handle(L.FollowerNorms(1.0, 0, 0, (1.0,)))) == ["Decide"]
+    assert leader.handle(L.FollowerNorms(1.1, 0, 0, (1.0,))) == []
+    assert kinds(leader.handle(L.FollowerMerged(2.0, 0, 0, 1.0))) == ["Apply"]
+    leader.handle(L.FollowerApplied(3.0, 0, 0, 1))
+    assert leader.handle(L.FollowerApplied(3.1, 0, 0, 1)) == []
     assert leader.version == 1
 
 
@@ -201,7 +238,7 @@ def test_config_errors_name_the_field():
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["push", "silence", "finish", "join"]),
+            st.sampled_from(["push", "silence", "finish", "join", "restart", "bad"]),
             st.integers(0, 3),
             st.integers(1, 50),
         ),
@@ -209,15 +246,25 @@ def test_config_errors_name_the_field():
     )
 )
 def test_token_ledger_balances_under_random_sequences(script):
-    leader = Leader(LeaderConfig(penalty=True, warmup=1, heartbeat_interval=5.0), FixedGrace(1.0))
+    """Tokens pushed (counted here, as the learners would) = applied + rejected + dropped +
+    the leader's pending pushes (counted by the leader from its events)."""
+    leader = Leader(
+        LeaderConfig(penalty=True, anomaly=AnomalyConfig(warmup=1), heartbeat_interval=5.0),
+        FixedGrace(1.0),
+    )
     join_all(leader, 4)
+    sent = 0
+    incarnation = dict.fromkeys(range(4), 0)
     t = 0.0
     for op, j, tokens in script:
         t += 1.0
-        if op == "push" and j in leader.members:
-            leader.handle(L.PushRequested(t, j, tokens, 1, leader.version))
-        elif op == "join":
-            for a in leader.handle(L.Join(t, j)):
+        if op in ("push", "bad"):
+            base = leader.version + (5 if op == "bad" else 0)  # "bad": refused, still counted
+            leader.handle(push(t, j, tokens, 1, base, incarnation=incarnation[j]))
+            sent += tokens
+        elif op in ("join", "restart"):
+            incarnation[j] += op == "restart"
+            for a in leader.handle(L.Join(t, j, incarnation[j])):
                 if isinstance(a, L.SendModel):
                     leader.handle(L.PullDone(t, j, leader.version))
         elif op == "silence":
@@ -230,28 +277,212 @@ def test_token_ledger_balances_under_random_sequences(script):
                 finish_round(leader, t, norms=tuple(float(tokens) for _ in leader.round.pushes))
         for m in list(leader.members):
             leader.handle(L.Heartbeat(t, m))
-        tot = leader.ledger.totals()
-        assert (
-            tot["consumed"]
-            == tot["applied"] + tot["rejected"] + tot["dropped"] + tot["outstanding"]
-        )
-        assert tot["outstanding"] >= 0
-        for j2 in leader.ledger.consumed:
-            assert leader.ledger.outstanding(j2) >= 0
+        tot = totals(leader)
+        assert sent == tot["applied"] + tot["rejected"] + tot["dropped"] + tot["outstanding"]
+        assert tot["reported"] == sent
+
+
+def test_the_balance_test_fails_when_a_refused_push_is_lost(monkeypatch):
+    """The check above is not an identity: a leader that forgets a refused push fails it."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(leader, 1)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.5, 0, 7, 1, 0))  # refused: a push of learner 0 is pending
+    tot = totals(leader)
+    assert tot["applied"] + tot["rejected"] + tot["dropped"] + tot["outstanding"] == 17
+    monkeypatch.setattr(Leader, "_refuse", lambda self, ev, why: [L.Refuse(ev.learner, why)])
+    lossy = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(lossy, 1)
+    lossy.handle(push(0.0, 0, 10, 1, 0))
+    lossy.handle(push(0.5, 0, 7, 1, 0))
+    tot = totals(lossy)
+    assert tot["applied"] + tot["rejected"] + tot["dropped"] + tot["outstanding"] != 17
 
 
 def test_a_round_with_nothing_accepted_is_skipped():
-    leader = Leader(LeaderConfig(penalty=True, warmup=0), FixedGrace(10.0), version=3)
+    leader = Leader(
+        LeaderConfig(penalty=True, anomaly=AnomalyConfig(warmup=0)), FixedGrace(10.0), version=3
+    )
     join_all(leader, 2)
-    leader.handle(L.PushRequested(0.0, 0, 10, 1, 3))
-    leader.handle(L.PushRequested(0.0, 1, 10, 1, 3))
+    leader.handle(push(0.0, 0, 10, 1, 3))
+    leader.handle(push(0.0, 1, 10, 1, 3))
     leader.handle(L.TransferDone(0.5, 0, 0))
     leader.handle(L.TransferDone(0.6, 1, 0))
-    acts = leader.handle(L.NormsReported(1.0, 0, (float("nan"), float("inf"))))
-    assert acts == [L.Discard(0), L.NotifyPull(0, (0, 1), 3)]  # no Decide, no Apply
+    acts = leader.handle(L.FollowerNorms(1.0, 0, 0, (float("nan"), float("inf"))))
+    assert acts == [
+        L.Discard(0, "nothing accepted"),
+        L.NotifyPull(0, (0, 1), 3),
+    ]  # no Decide, no Apply
     leader.handle(L.PullDone(2.0, 0, 3))
     leader.handle(L.PullDone(2.0, 1, 3))
     assert leader.version == 3 and leader.round is None
     rec = leader.tape.rounds()[0]
     assert rec["applied"] is False and rec["version"] == 3 and rec["accepted"] == [False, False]
     assert leader.ledger.totals()["rejected"] == 20
+
+
+def test_a_restart_before_eviction_ends_the_old_incarnation_and_pulls_a_model():
+    """Bug: a Join from a current member returned nothing, so a learner restarted before its
+    eviction never got a model and a round holding its in-flight push waited forever."""
+    leader = Leader(LeaderConfig(penalty=False), QuorumGrace(k=2, grace=False))
+    join_all(leader, 2)
+    leader.handle(push(1.0, 0, 10, 1, 0))
+    leader.handle(push(1.0, 1, 20, 1, 0))  # learner 1's shards are on their way...
+    leader.handle(L.TransferDone(1.5, 0, 0))
+    acts = leader.handle(L.Join(2.0, 1, incarnation=1))  # ...when it restarts
+    assert L.SendModel(1, 0) in acts and L.Evict(1, "restarted") in acts
+    # Its in-flight push is dropped and counted; the round goes on without it.
+    assert [p.learner for p in leader.round.pushes] == [0]
+    assert kinds(acts)[-1] == "RequestNorms"
+    assert totals(leader)["dropped"] == 20
+    # A retried join of the same incarnation is harmless; an older one is refused.
+    assert leader.handle(L.Join(2.1, 1, incarnation=1)) == []
+    assert kinds(leader.handle(L.Join(2.2, 1, incarnation=0))) == ["Refuse"]
+    # A push of the dead incarnation is refused (and counted).
+    leader.handle(L.PullDone(3.0, 1, 0))
+    assert kinds(leader.handle(push(3.5, 1, 5, 1, 0, incarnation=0))) == ["Refuse"]
+    events = [(r["event"], r["learner"]) for r in leader.tape.membership()]
+    assert ("restart", 1) in events
+
+
+def test_vector_clock_is_monotone_across_eviction_and_rejoin():
+    leader = Leader(LeaderConfig(penalty=False, heartbeat_interval=1.0), NoGrace())
+    join_all(leader, 1)
+    for r in range(2):
+        leader.handle(push(r, 0, 10, 1, leader.version))
+        finish_round(leader, r + 0.5)
+    assert leader.clock == {0: 2}
+    leader.handle(L.Tick(10.0))  # silent: evicted
+    assert 0 not in leader.members and leader.clock == {0: 2}
+    leader.handle(L.Join(11.0, 0))
+    leader.handle(L.PullDone(11.0, 0, leader.version))
+    leader.handle(push(12.0, 0, 10, 1, leader.version))
+    finish_round(leader, 12.5)
+    assert leader.tape.rounds()[-1]["vector_clock"] == {"0": 3}
+
+
+def test_every_follower_reports_before_the_leader_decides():
+    leader = Leader(LeaderConfig(penalty=False, max_norm=1.0, num_followers=2), NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 1, 30, 1, 0))
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    leader.handle(L.TransferDone(0.1, 1, 0))
+    assert leader.handle(L.FollowerNorms(0.2, 1, 0, (1.0, 2.0))) == []
+    assert leader.handle(L.FollowerNorms(0.2, 1, 0, (9.0, 9.0))) == []  # duplicate: ignored
+    (decide,) = leader.handle(L.FollowerNorms(0.3, 0, 0, (3.0, 4.0)))
+    assert decide.sq_norms == (4.0, 6.0) and decide.weights == pytest.approx((0.25, 0.75))
+    assert leader.handle(L.FollowerMerged(0.4, 0, 0, 1.0)) == []
+    (apply,) = leader.handle(L.FollowerMerged(0.5, 1, 0, 3.0))
+    assert apply.merged_sq_norm == 4.0 and apply.clip_factor == pytest.approx(0.5)
+    assert leader.handle(L.FollowerApplied(0.6, 0, 0, 1)) == []
+    assert leader.version == 0  # not applied until every follower applied
+    (notify,) = leader.handle(L.FollowerApplied(0.7, 1, 0, 1))
+    assert notify.version == 1 == leader.version
+
+
+def test_a_follower_lost_before_apply_discards_the_round_whole():
+    leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace())
+    join_all(leader, 1)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    leader.handle(L.FollowerNorms(0.2, 0, 0, (1.0,)))
+    acts = leader.handle(L.FollowerLost(0.3, 1))
+    assert acts[0] == L.Discard(0, "follower 1 lost") and leader.version == 0
+    assert totals(leader)["dropped"] == 10 and totals(leader)["applied"] == 0
+    leader.handle(L.PullDone(0.4, 0, 0))
+    # No new round asks for norms until the follower is back.
+    leader.handle(push(1.0, 0, 10, 1, 0))
+    assert kinds(leader.handle(L.TransferDone(1.1, 0, 1))) == []
+    assert kinds(leader.handle(L.FollowerJoined(2.0, 1, 0))) == ["RequestNorms"]
+
+
+def test_transfer_plans_follow_the_greedy_schedule_over_the_layer_owners():
+    owner = (0, 1, 0, 1, 2)
+    leader = Leader(LeaderConfig(penalty=False, num_followers=3, layer_owner=owner), NoGrace())
+    join_all(leader, 2)
+    (plan,) = [a for a in leader.handle(push(0.0, 0, 10, 1, 0)) if isinstance(a, L.PushShards)]
+    assert sorted(t.layer for t in plan.transfers) == list(range(5))
+    assert all(t.follower == owner[t.layer] for t in plan.transfers)
+    # LRU carries over: the next learner starts at a follower the first did not just use.
+    (plan2,) = [a for a in leader.handle(push(0.1, 1, 10, 1, 0)) if isinstance(a, L.PushShards)]
+    assert plan2.transfers[0].follower != plan.transfers[-1].follower
+
+
+def test_chunk_leases_completions_and_releases_are_driven_by_leader_events():
+    from dipsjax.data import check_invariants, completed_chunks, leases_of, new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(6, seed=0))
+    join_all(leader, 2)
+    got = {j: [] for j in (0, 1)}
+    for j in (0, 1, 0):
+        (grant,) = leader.handle(L.ChunkRequested(0.0, j))
+        got[j].append(grant.chunk)
+    leader.handle(push(1.0, 0, 10, 1, 0, finished_chunks=(got[0][0],)))
+    assert completed_chunks(leader.data, 0) == {got[0][0]}
+    leader.handle(L.Join(2.0, 1, incarnation=1))  # restarted: its lease goes back
+    assert leases_of(leader.data, "1") == ()
+    (grant,) = leader.handle(L.ChunkRequested(3.0, 0))
+    assert grant.chunk == got[1][0]  # released chunks are leased again first
+    check_invariants(leader.data)
+
+
+def test_snapshot_restores_an_equal_leader_mid_round():
+    leader = Leader(
+        LeaderConfig(penalty=True, anomaly=AnomalyConfig(warmup=1), num_followers=2,
+                     layer_owner=(0, 1, 1)),
+        QuorumGrace(k=2),
+    )  # fmt: skip
+    join_all(leader, 3)
+    for r in range(3):
+        leader.handle(push(10.0 * r, 0, 10, 2, leader.version, train_seconds=9.0))
+        leader.handle(push(10.0 * r + 1, 1, 30, 2, leader.version, train_seconds=7.0))
+        if leader.round is not None and leader.phase.value == "collecting":
+            leader.handle(L.Tick(10.0 * r + 5))
+        if leader.phase.value == "transfers":
+            finish_round(leader, 10.0 * r + 6, merged=4.0)
+    leader.handle(push(40.0, 2, 5, 2, leader.version))  # a round in progress
+    snap = leader.snapshot()
+    text = json.dumps(snap)
+    copy = Leader.restore(json.loads(text), tape=leader.tape)
+    assert json.dumps(copy.snapshot()) == text
+    script = [push(41.0, 0, 7, 2, leader.version), L.TransferDone(42.0, 2, leader.round.round_id),
+              L.Tick(60.0)]  # fmt: skip
+    for ev in script:
+        assert leader.handle(ev) == copy.handle(ev)
+
+
+def test_a_64_learner_snapshot_is_small():
+    leader = Leader(LeaderConfig(num_followers=16, layer_owner=tuple(i % 16 for i in range(400))))
+    join_all(leader, 64)
+    for j in range(64):
+        leader.handle(push(1.0, j, 10**6, 64, 0))
+    assert len(json.dumps(leader.snapshot())) < 100_000
+
+
+def test_messages_round_trip_through_json():
+    msgs = [
+        push(1.0, 3, 10, 2, 1, new_chunks=(4, 5), finished_chunks=(4,)),
+        L.PushShards(2, 3, (L.Transfer(0, 1, 0), L.Transfer(1, 0, 1))),
+        L.Decide(1, (0, 1), (True, False), (5, 6), (1, 1), (1.0, 0.0), (2.0, 3.0)),
+        L.FollowerNorms(1.0, 0, 2, (1.0, 2.0)),
+        L.Join(0.0, 1, 2),
+        L.Stop("done"),
+    ]
+    for msg in msgs:
+        assert L.from_json(json.loads(json.dumps(L.to_json(msg)))) == msg
+    with pytest.raises(ValueError, match="unknown message type"):
+        L.from_json({"type": "Teleport"})
+
+
+def test_the_leader_process_needs_no_jax():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from dipsjax.syncer import Leader, methods; "
+        "m = methods.build('dips'); Leader(m.leader, m.grace); "
+        "print(sorted(x for x in ('jax', 'optax', 'flax') if x in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

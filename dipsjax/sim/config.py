@@ -1,0 +1,280 @@
+"""What a simulated experiment is (:class:`SimConfig`) and what it measured (:class:`SimResult`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dipsjax import rules
+from dipsjax.syncer import methods as methods_lib
+
+SYNCER_METHODS = methods_lib.METHODS
+METHODS = ("dp", "sync_diloco", "naive_async", "dips", "decoupled", "async_diloco")
+WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One simulated experiment (validated; errors name the field).
+
+    Methods: ``dp`` (data parallel), ``sync_diloco``, ``naive_async`` (centralized: every push
+    applied alone by the syncer), ``async_diloco`` (the Di-PS paper's decentralized baseline:
+    every learner sends its pseudo-gradient to every other learner and applies the outer step
+    itself), ``dips`` and ``decoupled``.
+
+    Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
+    files; ``validation_doc`` names the held-out document (its file stem for a folder).
+
+    Anomaly penalty: ``alpha``, ``beta``, ``warmup``, ``min_max_score`` and
+    ``min_sigma_ratio`` (:class:`dipsjax.rules.AnomalyConfig`); ``warmup=0,
+    min_max_score=None, min_sigma_ratio=0`` is the paper's rule.
+
+    Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
+    round by its share of a full round's tokens).
+    """
+
+    method: str = "dips"
+    learners: int = 4
+    followers: int = 2
+    model: str = "tiny"
+    corpus: str = "austen"
+    validation_doc: str | None = None
+    batch_size: int = 8
+    seq_len: int = 64
+    chunk_len: int = 4096
+    inner_steps: int = 16
+    inner_lr: float = 3e-3
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.8
+    token_budget: int = 262_144
+    eta: float = 0.0
+    speeds: tuple[float, ...] = ()
+    step_time: float = 1.0
+    step_noise: float = 0.05
+    virtual_params: float = 1e9
+    wire: str = "bf16"
+    bandwidth_gbps: tuple[float, ...] = ()
+    follower_gbps: float = 25.0
+    latency: float = 0.05
+    update_seconds: float = 2.0
+    grace: str = ""
+    grace_seconds: float = 8.0
+    quorum: int = 1
+    grace_gamma: float = 0.9
+    rda: bool = True
+    round_token_scale: bool = False
+    overlap: bool | None = None
+    alpha: float = 0.02
+    beta: float = 3.0
+    warmup: int = 3
+    min_max_score: float | None = 1.0
+    min_sigma_ratio: float = 0.0
+    max_staleness: int | None = None
+    version_cache: int = 8
+    schedule: str = "greedy"
+    failures: tuple[tuple[int, float, float], ...] = ()
+    joins: tuple[tuple[int, float], ...] = ()
+    leaves: tuple[tuple[int, float], ...] = ()
+    heartbeat_interval: float = 10.0
+    eval_every: int = 4
+    eval_batches: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.method in METHODS, "method", f"one of {METHODS}"),
+            (self.learners >= 1, "learners", ">= 1"),
+            (self.followers >= 1, "followers", ">= 1"),
+            (self.inner_steps >= 1, "inner_steps", ">= 1"),
+            (self.token_budget > 0, "token_budget", "> 0"),
+            (self.eta >= 0, "eta", ">= 0 (percent)"),
+            (self.step_time > 0, "step_time", "> 0"),
+            (0 <= self.step_noise < 1, "step_noise", "in [0, 1)"),
+            (self.wire in WIRE_BYTES, "wire", f"one of {tuple(WIRE_BYTES)}"),
+            (
+                not self.speeds or len(self.speeds) == self.learners,
+                "speeds",
+                "empty or one step-time factor per learner",
+            ),
+            (all(x > 0 for x in self.speeds), "speeds", "all > 0"),
+            (
+                not self.bandwidth_gbps or len(self.bandwidth_gbps) == self.learners,
+                "bandwidth_gbps",
+                "empty or one value per learner",
+            ),
+            (all(b > 0 for b in self.bandwidth_gbps), "bandwidth_gbps", "all > 0"),
+            (self.follower_gbps > 0, "follower_gbps", "> 0"),
+            (
+                self.grace in ("", "none", "fixed", "dynamic", "quorum"),
+                "grace",
+                "'', none, fixed, dynamic or quorum",
+            ),
+            (self.quorum >= 1, "quorum", ">= 1"),
+            (self.version_cache >= 1, "version_cache", ">= 1"),
+            (self.schedule in ("greedy", "optimal"), "schedule", "greedy or optimal"),
+            (self.eval_every >= 1, "eval_every", ">= 1"),
+        ]
+        for ok, name, allowed in checks:
+            if not ok:
+                raise ValueError(f"SimConfig.{name} must be {allowed}, got {getattr(self, name)!r}")
+        for name in ("joins", "leaves"):
+            for e in getattr(self, name):
+                if len(e) != 2 or not 0 <= e[0] < self.learners or e[1] < 0:
+                    raise ValueError(
+                        f"SimConfig.{name} entries are (learner, t >= 0) with "
+                        f"0 <= learner < {self.learners}, got {e!r}"
+                    )
+        for f in self.failures:
+            if len(f) != 3 or not 0 <= f[0] < self.learners or not f[1] < f[2]:
+                raise ValueError(
+                    f"SimConfig.failures entries are (learner, t_fail, t_back) with "
+                    f"0 <= learner < {self.learners} and t_fail < t_back, got {f!r}"
+                )
+        self.anomaly()  # validates alpha, beta, warmup and the floors
+
+    def bandwidth(self, j: int) -> float:
+        return self.bandwidth_gbps[j] if self.bandwidth_gbps else 10.0
+
+    @property
+    def full_round_tokens(self) -> int:
+        """Tokens of a round in which every learner reports ``inner_steps`` steps."""
+        return self.learners * self.inner_steps * self.batch_size * self.seq_len
+
+    def anomaly(self) -> rules.AnomalyConfig:
+        return rules.AnomalyConfig(
+            alpha=self.alpha,
+            beta=self.beta,
+            warmup=self.warmup,
+            min_max_score=self.min_max_score,
+            min_sigma_ratio=self.min_sigma_ratio,
+        )
+
+    def method_settings(
+        self, layer_owner: tuple[int, ...] = (), num_followers: int = 1
+    ) -> methods_lib.MethodSettings:
+        return methods_lib.MethodSettings(
+            learners=self.learners,
+            outer_lr=self.outer_lr,
+            outer_momentum=self.outer_momentum,
+            anomaly=self.anomaly(),
+            grace=self.grace,
+            grace_seconds=self.grace_seconds,
+            quorum=self.quorum,
+            grace_gamma=self.grace_gamma,
+            rda=self.rda,
+            round_token_scale=self.round_token_scale,
+            full_round_tokens=self.full_round_tokens,
+            max_staleness=self.max_staleness,
+            version_cache=self.version_cache,
+            heartbeat_interval=self.heartbeat_interval,
+            token_budget=self.token_budget,
+            num_followers=num_followers,
+            layer_owner=layer_owner,
+        )
+
+
+@dataclasses.dataclass
+class TokenCount:
+    """Tokens counted on each side, independently.
+
+    Learner side: ``consumed`` (every batch drawn), ``unpushed`` (rounds still training or
+    trained but not pushed at the end), ``lost`` (rounds a crash destroyed before their push).
+    Leader side, from its events: ``reported``, ``applied``, ``rejected``, ``dropped`` and
+    ``outstanding`` (tokens of its pending pushes).
+    """
+
+    consumed: int = 0
+    unpushed: int = 0
+    lost: int = 0
+    reported: int = 0
+    applied: int = 0
+    rejected: int = 0
+    dropped: int = 0
+    outstanding: int = 0
+
+    def imbalance(self) -> int:
+        """``consumed - (applied + rejected + dropped + outstanding + unpushed + lost)``: 0
+        when nothing disappeared and nothing was counted twice."""
+        return self.consumed - (
+            self.applied
+            + self.rejected
+            + self.dropped
+            + self.outstanding
+            + self.unpushed
+            + self.lost
+        )
+
+
+@dataclasses.dataclass
+class SimResult:
+    """What one experiment measured (all times virtual seconds)."""
+
+    config: SimConfig
+    virtual_time: float
+    tokens: TokenCount
+    rounds: int
+    comm_time: float
+    phases: dict[str, float]
+    curve: list[dict[str, float]]
+    final_loss: float
+    final_bpb: float
+    tape: Any = None
+    params: Any = None
+    ideal_tokens_per_second: float = 0.0  # every learner training alone, no outer sync
+    chunk_ledger: Any = None  # the data ledger's final state
+    tokens_in_training_done: float = 0.0  # of the unpushed tokens, the share trained by the end
+
+    @property
+    def tokens_consumed(self) -> int:
+        return self.tokens.consumed
+
+    @property
+    def tokens_applied(self) -> int:
+        return self.tokens.applied
+
+    @property
+    def tokens_rejected(self) -> int:
+        return self.tokens.rejected
+
+    @property
+    def tokens_dropped(self) -> int:
+        """Dropped at the leader plus lost in crashes before a push."""
+        return self.tokens.dropped + self.tokens.lost
+
+    @property
+    def tokens_trained(self) -> float:
+        """Tokens trained within the run: rounds still in progress at the end count pro rata
+        of their elapsed virtual time (their tokens were drawn when they started)."""
+        return self.tokens.consumed - self.tokens.unpushed + self.tokens_in_training_done
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Aggregate training throughput: :attr:`tokens_trained` per virtual second."""
+        return self.tokens_trained / self.virtual_time if self.virtual_time > 0 else 0.0
+
+    @property
+    def rejected_fraction(self) -> float:
+        """Share of the decided tokens that the anomaly penalty (or NaN check) rejected."""
+        decided = self.tokens.applied + self.tokens.rejected
+        return self.tokens.rejected / decided if decided else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "method": self.config.method,
+            "virtual_time": self.virtual_time,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_consumed": self.tokens.consumed,
+            "effective_tokens": self.tokens.applied,
+            "rejected_fraction": self.rejected_fraction,
+            "dropped_tokens": self.tokens_dropped,
+            "token_count": dataclasses.asdict(self.tokens),
+            "rounds": self.rounds,
+            "outer_comm_time": self.comm_time,
+            "phases": self.phases,
+            "final_val_loss": self.final_loss,
+            "final_val_bpb": self.final_bpb,
+            "ideal_tokens_per_second": self.ideal_tokens_per_second,
+            "scaling_efficiency": self.tokens_per_second / self.ideal_tokens_per_second
+            if self.ideal_tokens_per_second
+            else 0.0,
+        }

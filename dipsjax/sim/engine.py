@@ -1,0 +1,355 @@
+"""The simulator's engine: learners that really train, on a virtual clock, around a cluster.
+
+:class:`Engine` plays the learners: it draws batches (chunks leased from the leader), runs
+real inner steps (:class:`dipsjax.learner.Learner`), charges virtual time for them, pushes
+``Delta_start`` through the wire codec, pulls, fails, recovers, joins and leaves as the
+config says, and heartbeats. Everything the syncer decides comes from the leader through
+the :class:`~dipsjax.sim.cluster.LocalCluster`; the engine only follows the actions.
+
+Learners wait from their push until they pulled the version their contribution went into
+(Di-PS sec. 5: the round's learners pull, the others keep training). With ``overlap=True``
+they never wait: after a push a learner goes straight on with its next round and adopts the
+newest global version at its next round start (one push in flight per learner).
+
+Tokens are counted on the learner side (batches drawn, rounds lost in crashes, rounds not
+pushed at the end) independently of the leader's books (:class:`~dipsjax.sim.config.TokenCount`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+from dipsjax.data.pipeline import BatchStream
+from dipsjax.learner import Learner
+from dipsjax.sim.cluster import Clock, LocalCluster
+from dipsjax.sim.config import SimConfig, SimResult, TokenCount
+from dipsjax.sim.world import World, wire
+from dipsjax.syncer import messages as m
+from dipsjax.syncer import methods as methods_lib
+from dipsjax.syncer.follower import Follower
+from dipsjax.syncer.leader import Leader
+
+
+@dataclasses.dataclass
+class SimLearner:
+    j: int
+    learner: Learner
+    stream: BatchStream
+    alive: bool = True
+    incarnation: int = 0
+    pending: Any = None  # (PushMeta, payload): trained, waiting to push
+    outbox: Any = None  # the pushed round's payload, until its transfer lands
+    inflight: bool = False  # overlap: a push not yet answered by a pull notice
+    ready: bool = False  # overlap: a trained round waiting for the previous push
+    latest: Any = None  # overlap: (version, params) of the newest pulled global model
+    training: Any = None  # (start, duration, tokens) of the round in progress, until pushed
+    consumed: int = 0  # tokens of every batch drawn (learner-side count)
+    lost: int = 0  # tokens of rounds a crash or leave destroyed before their push
+    pushed_at: float | None = None
+
+
+def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
+    """The leader (from the method registry) and followers holding the initial model."""
+    method = methods_lib.build(
+        cfg.method, cfg.method_settings(tuple(world.layer_owner), world.num_followers)
+    )
+    leader = Leader(method.leader, method.grace, data=_new_data(cfg, world))
+    tx = method.make_tx()
+    followers = [
+        Follower(
+            k,
+            shard,
+            tx,
+            capacity=cfg.learners,
+            reference=method.reference,
+            version_cache=cfg.version_cache,
+        )
+        for k, shard in enumerate(world.split(world.init_params))
+    ]
+    return LocalCluster(world, leader, followers, clock)
+
+
+def _new_data(cfg: SimConfig, world: World) -> Any:
+    from dipsjax.data import new_ledger
+
+    return new_ledger(world.chunks.shape[0], seed=cfg.seed)
+
+
+class Engine:
+    """One syncer-method experiment (see module docstring)."""
+
+    def __init__(
+        self,
+        cfg: SimConfig,
+        *,
+        progress: Callable[[str], None] | None = None,
+        restore_leader_at: tuple[float, ...] = (),
+    ) -> None:
+        self.cfg = cfg
+        self.progress = progress
+        self.world = World(cfg)
+        self.clock = Clock()
+        self.cluster = make_cluster(cfg, self.world, self.clock)
+        self.cluster.port = self
+        self.overlap = bool(cfg.overlap)
+        self.stopped = False
+        self.phases = {"train": 0.0, "push": 0.0, "wait": 0.0, "update": 0.0, "pull": 0.0}
+        self.pull_comm = 0.0
+        self.curve: list[dict[str, float]] = []
+        self.last_eval_round = -1
+        self.learners = [self._new_learner(j, 0) for j in range(cfg.learners)]
+        self.restore_leader_at = restore_leader_at
+
+    @property
+    def leader(self) -> Leader:
+        return self.cluster.leader
+
+    def _new_learner(self, j: int, incarnation: int) -> SimLearner:
+        source = lambda: self.cluster.lease(j)  # noqa: E731
+        return SimLearner(j, self.world.learner(j), self.world.stream(source), True, incarnation)
+
+    # -- learner behaviour -------------------------------------------------------------
+
+    def start_round(self, sl: SimLearner, t: float, adopt: Any = None, reset: bool = False) -> None:
+        if not sl.alive or self.stopped:
+            return
+        if adopt is not None:
+            sl.learner.pull(adopt[1], version=adopt[0], reset_optimizer=reset)
+        start = sl.stream.position
+        taken: list[int] = []
+        finished: list[int] = []
+        batches = []
+        for _ in range(self.cfg.inner_steps):
+            b = sl.stream.next_batch()
+            if b is None:
+                break
+            if sl.stream.position.chunks_taken != start.chunks_taken + len(taken):
+                taken.append(b.chunk)
+            batches.append(b.tokens)
+            if b.finished:
+                finished.append(b.chunk)
+        if not batches:
+            return  # no chunk to lease now: this learner idles
+        drawn = sl.stream.position.tokens - start.tokens
+        sl.consumed += drawn
+        contrib = sl.learner.run_round(batches, num_steps=len(batches), reference="start")
+        dt = self.world.train_time(sl.j, contrib.steps)
+        meta = m.PushMeta(
+            tokens=contrib.tokens,
+            steps=contrib.steps,
+            base_version=contrib.base_version,
+            incarnation=sl.incarnation,
+            train_seconds=dt,
+            pulled=adopt is not None,
+            start_chunk=start.chunk,
+            start_offset=start.offset,
+            new_chunks=tuple(taken),
+            finished_chunks=tuple(finished),
+        )
+        sl.pending = (meta, wire(self.cfg, contrib.delta))
+        sl.training = (t, dt, drawn)
+        self.phases["train"] += dt
+        self.clock.at(t + dt, self._trained, sl.j, sl.incarnation)
+
+    def _trained(self, j: int, incarnation: int) -> None:
+        sl = self.learners[j]
+        if not sl.alive or sl.incarnation != incarnation or sl.pending is None:
+            return
+        if self.overlap and sl.inflight:
+            sl.ready = True  # one push in flight at a time: wait for its pull notice
+            return
+        self.push(sl, self.clock.now)
+
+    def push(self, sl: SimLearner, t: float) -> None:
+        meta, payload = sl.pending
+        sl.outbox, sl.pending, sl.training = payload, None, None
+        sl.pushed_at = t
+        self.cluster.feed(m.PushRequested(t, sl.j, meta))
+        if self.overlap and sl.alive and not self.stopped:
+            sl.inflight = True
+            newer = sl.latest if sl.latest and sl.latest[0] > sl.learner.version else None
+            self.start_round(sl, t, adopt=newer)
+
+    def _take_payload(self, j: int, incarnation: int) -> dict | None:
+        sl = self.learners[j]
+        if not sl.alive or sl.incarnation != incarnation or sl.outbox is None:
+            return None  # died mid-transfer: nothing partial reaches a round
+        payload, sl.outbox = sl.outbox, None
+        return payload
+
+    def _pulled(self, j: int, incarnation: int, version: int, first: bool) -> None:
+        sl = self.learners[j]
+        if not sl.alive or sl.incarnation != incarnation:
+            return
+        t = self.clock.now
+        v, params = self.cluster.model(version)
+        if sl.pushed_at is not None:
+            self.phases["wait"] += max(t - sl.pushed_at, 0.0)
+            sl.pushed_at = None
+        self.cluster.feed(m.PullDone(t, j, v))
+        if self.overlap and not first:
+            sl.latest, sl.inflight = (v, params), False
+            if sl.ready:
+                sl.ready = False
+                self.push(sl, t)
+        else:
+            self.start_round(sl, t, adopt=(v, params), reset=first)
+        if self.leader.next_round_id - 1 >= self.last_eval_round + self.cfg.eval_every:
+            self.last_eval_round = self.leader.next_round_id - 1
+            self.record(t)
+
+    def on_action(self, a: m.Action, t: float) -> None:
+        """Learner-side actions from the leader."""
+        w = self.world
+        if isinstance(a, m.SendModel):
+            sl = self.learners[a.learner]
+            self.clock.at(
+                t + w.pull_time(a.learner), self._pulled, a.learner, sl.incarnation, a.version, True
+            )
+        elif isinstance(a, m.PushShards):
+            sl = self.learners[a.learner]
+            inc = sl.incarnation
+            self.cluster.push_shards(a, t, lambda j=a.learner, i=inc: self._take_payload(j, i))
+        elif isinstance(a, m.NotifyPull):
+            for j in a.learners:
+                sl = self.learners[j]
+                dt = w.pull_time(j)
+                self.pull_comm += dt
+                self.phases["pull"] += dt
+                self.clock.at(t + dt, self._pulled, j, sl.incarnation, a.version, False)
+        elif isinstance(a, m.Refuse):
+            sl = self.learners[a.learner]
+            if sl.alive and not self.stopped:
+                if a.learner in self.leader.members:
+                    self.start_round(sl, t)  # keep training from where it is
+                elif a.reason.startswith("not a member"):
+                    self.cluster.feed(m.Join(t, a.learner, sl.incarnation))
+        elif isinstance(a, m.Evict):
+            sl = self.learners[a.learner]
+            if sl.alive and a.reason not in ("restarted", "left"):
+                self._down(sl)  # alive but evicted: it restarts as a new incarnation
+                self.clock.at(t, self._recover, a.learner)
+        elif isinstance(a, m.Stop):
+            self.stopped = True
+
+    # -- scripted events -----------------------------------------------------------------
+
+    def _join(self, j: int) -> None:
+        sl = self.learners[j]
+        sl.alive = True
+        self.cluster.feed(m.Join(self.clock.now, j, sl.incarnation))
+
+    def _down(self, sl: SimLearner) -> None:
+        sl.alive = False
+        if sl.training is not None:
+            sl.lost += sl.training[2]
+        sl.pending = sl.outbox = sl.latest = sl.training = None
+        sl.inflight = sl.ready = False
+
+    def _fail(self, j: int) -> None:
+        self._down(self.learners[j])
+        self.cluster.feed(m.LearnerFailed(self.clock.now, j))
+
+    def _leave(self, j: int) -> None:
+        self.cluster.feed(m.Leave(self.clock.now, j))
+        self._down(self.learners[j])
+
+    def _recover(self, j: int) -> None:
+        old = self.learners[j]
+        sl = self._new_learner(j, old.incarnation + 1)  # a new process: fresh state
+        sl.consumed, sl.lost = old.consumed, old.lost
+        self.learners[j] = sl
+        self.cluster.feed(m.Join(self.clock.now, j, sl.incarnation))
+
+    def _heartbeats(self) -> None:
+        t = self.clock.now
+        for sl in self.learners:
+            if sl.alive:
+                self.cluster.feed(m.Heartbeat(t, sl.j))
+        self.cluster.feed(m.Tick(t))
+        if not self.stopped and any(sl.alive for sl in self.learners):
+            self.clock.at(t + self.cfg.heartbeat_interval, self._heartbeats)
+
+    def _restore_leader(self) -> None:
+        snap = json.loads(json.dumps(self.leader.snapshot()))
+        self.cluster.leader = Leader.restore(snap, tape=self.leader.tape)
+
+    # -- the run -------------------------------------------------------------------------
+
+    def record(self, t: float) -> None:
+        v, params = self.cluster.model()
+        totals = self.leader.ledger.totals()
+        loss, bpb = self.world.evaluate(params)
+        self.curve.append(
+            {
+                "t": t,
+                "version": v,
+                "tokens_consumed": sum(sl.consumed for sl in self.learners),
+                "tokens_applied": totals["applied"],
+                "val_loss": loss,
+                "val_bpb": bpb,
+            }
+        )
+        if self.progress is not None:
+            self.progress(
+                f"t={t:8.1f}s v={v:5d} tokens={self.curve[-1]['tokens_consumed']:9d} "
+                f"val_loss={loss:.4f} bpb={bpb:.3f}"
+            )
+
+    def run(self) -> SimResult:
+        cfg, clock = self.cfg, self.clock
+        late = dict(cfg.joins)
+        for sl in self.learners:
+            if sl.j in late:
+                sl.alive = False
+                clock.at(late[sl.j], self._join, sl.j)
+            else:
+                clock.at(0.0, self._join, sl.j)
+        for j, t_leave in cfg.leaves:
+            clock.at(t_leave, self._leave, j)
+        for j, t_fail, t_back in cfg.failures:
+            clock.at(t_fail, self._fail, j)
+            clock.at(t_back, self._recover, j)
+        for t in self.restore_leader_at:
+            clock.at(t, self._restore_leader)
+        clock.at(cfg.heartbeat_interval, self._heartbeats)
+        clock.run(lambda: self.stopped)
+        t = clock.now
+        alive = [sl for sl in self.learners if sl.alive and sl.training is not None]
+        done = sum(
+            tr[2] * min(max((t - tr[0]) / tr[1], 0.0), 1.0) for tr in (sl.training for sl in alive)
+        )
+        self.record(t)
+        totals = self.leader.ledger.totals()
+        tokens = TokenCount(
+            consumed=sum(sl.consumed for sl in self.learners),
+            unpushed=sum(sl.training[2] for sl in alive),
+            lost=sum(sl.lost for sl in self.learners),
+            reported=totals["reported"],
+            applied=totals["applied"],
+            rejected=totals["rejected"],
+            dropped=totals["dropped"],
+            outstanding=self.leader.outstanding_tokens(),
+        )
+        phases = dict(self.phases)
+        phases["push"] = self.cluster.phases["push"]
+        phases["update"] = self.cluster.phases["update"]
+        return SimResult(
+            config=cfg,
+            virtual_time=t,
+            tokens=tokens,
+            rounds=len(self.leader.tape.rounds()),
+            comm_time=self.cluster.comm_time + self.pull_comm,
+            phases=phases,
+            curve=self.curve,
+            final_loss=self.curve[-1]["val_loss"],
+            final_bpb=self.curve[-1]["val_bpb"],
+            tape=self.leader.tape,
+            params=self.cluster.model()[1],
+            ideal_tokens_per_second=self.world.ideal_tokens_per_second,
+            chunk_ledger=self.leader.data,
+            tokens_in_training_done=done,
+        )

@@ -1,0 +1,102 @@
+"""Replay: recompute the final global parameters from the event tape alone.
+
+For each :class:`~dipsjax.syncer.tape.RoundRecord`, in order: every participant retrains its
+contribution from the global parameters of its base version with the data the record names
+(start position and chunks leased; its AdamW state continuing from its previous contribution
+in the same incarnation), the followers stage it, recompute the norms (checked against the
+tape) and apply the recorded decision. Bit-for-bit equal to the run that wrote the tape.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import jax
+import numpy as np
+
+from dipsjax import outer
+from dipsjax.data.pipeline import StreamPosition
+from dipsjax.learner import Learner
+from dipsjax.sim.config import SimConfig
+from dipsjax.sim.world import World, wire
+from dipsjax.syncer import messages as m
+from dipsjax.syncer import methods as methods_lib
+from dipsjax.syncer.follower import Follower
+from dipsjax.syncer.tape import EventTape
+
+
+def replay(cfg: SimConfig, tape: EventTape) -> dict:
+    """The final global parameters recomputed from ``tape`` (see module docstring)."""
+    if cfg.method not in methods_lib.METHODS:
+        raise ValueError(f"replay needs a syncer method, not {cfg.method!r}")
+    world = World(cfg)
+    method = methods_lib.build(
+        cfg.method, cfg.method_settings(tuple(world.layer_owner), world.num_followers)
+    )
+    tx = method.make_tx()
+    followers = [
+        Follower(
+            k,
+            shard,
+            tx,
+            capacity=cfg.learners,
+            reference=method.reference,
+            version_cache=cfg.version_cache,
+        )
+        for k, shard in enumerate(world.split(world.init_params))
+    ]
+    versions = {0: world.init_params}
+    learners: dict[int, tuple[int, Learner]] = {}
+    for rec in tape.round_records():
+        kept = {p.learner for p in rec.participants}
+        for p in sorted(rec.participants + rec.dropped, key=lambda p: p.pushed_at):
+            j, meta = p.learner, p.meta
+            if j not in learners or learners[j][0] != meta.incarnation:
+                learners[j] = (meta.incarnation, world.learner(j))
+            learner = learners[j][1]
+            if meta.pulled:
+                learner.pull(versions[meta.base_version], version=meta.base_version)
+            pos = StreamPosition(chunk=meta.start_chunk, offset=meta.start_offset)
+            stream = world.stream(list(meta.new_chunks), position=pos)
+            batches = [b.tokens for b in itertools.islice(stream, meta.steps)]
+            contrib = learner.run_round(batches, num_steps=meta.steps, reference="start")
+            if j not in kept:
+                continue  # dropped as stale: retrained only to carry the learner's state on
+            for f, part in zip(followers, world.split(wire(cfg, contrib.delta)), strict=True):
+                f.receive(rec.round_id, j, part)
+        if not rec.participants:
+            continue
+        learners_t = tuple(p.learner for p in rec.participants)
+        bases = tuple(p.base_version for p in rec.participants)
+        g = sum(f.partial_norms(rec.round_id, learners_t, bases) for f in followers)
+        np.testing.assert_allclose(
+            g, rec.sq_norms or g, rtol=1e-6, err_msg=f"round {rec.round_id}: norms differ"
+        )
+        if not rec.applied:
+            for f in followers:
+                f.discard(rec.round_id)
+            continue
+        decision = m.Decide(
+            rec.round_id,
+            learners_t,
+            tuple(rec.accepted),
+            tuple(p.tokens for p in rec.participants),
+            tuple(p.steps for p in rec.participants),
+            tuple(rec.weights),
+            tuple(rec.sq_norms),
+        )
+        merged = sum(f.merged_partial(decision) for f in followers)
+        apply = m.Apply(rec.round_id, rec.version, rec.clip_factor, merged)
+        for f in followers:
+            f.apply(decision, apply)
+        versions[rec.version] = jax.device_get(outer.merge_trees([f.pull()[1] for f in followers]))
+    return versions[max(versions)]
+
+
+def tree_equal(a: Any, b: Any) -> bool:
+    """Exact equality of two parameter trees."""
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(
+        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(la, lb, strict=True)
+    )

@@ -1,0 +1,350 @@
+"""Every event the syncer's leader consumes and every action it returns, typed.
+
+The protocol core is sans-IO (DESIGN.md sec. 2): a driver -- the simulator's in-process
+:class:`~dipsjax.sim.cluster.LocalCluster` or the network runtime -- turns what happens into
+*events* (each stamped with the time ``t`` at which it happened), hands them to
+:meth:`dipsjax.syncer.Leader.handle`, and carries out the *actions* it gets back. The
+runtime's protobuf messages map one to one onto the classes here.
+
+Learner-side events: :class:`Join`, :class:`Leave`, :class:`Heartbeat`,
+:class:`PushRequested` (with its :class:`PushMeta`), :class:`TransferDone`,
+:class:`PullDone`, :class:`ChunkRequested`, :class:`LearnerFailed`.
+Follower-side events: :class:`FollowerNorms`, :class:`FollowerMerged`,
+:class:`FollowerApplied`, :class:`FollowerJoined`, :class:`FollowerLost`.
+Timer: :class:`Tick`.
+
+Actions to learners: :class:`SendModel`, :class:`PushShards` (the transfer plan),
+:class:`NotifyPull`, :class:`GrantChunk`, :class:`Evict`, :class:`Refuse`.
+Actions to followers: :class:`RequestNorms`, :class:`Decide`, :class:`Apply`,
+:class:`Discard`. To the driver: :class:`WakeAt`, :class:`Stop`.
+
+Everything here is plain data (ints, floats, strings, tuples) and converts to and from
+JSON with :func:`to_json` / :func:`from_json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# ------------------------------------------------------------------------------- base
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """Something that happened at time ``t`` (seconds, the driver's clock)."""
+
+    t: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """Something the driver must do."""
+
+
+# ------------------------------------------------------------------ learner -> leader
+
+
+@dataclasses.dataclass(frozen=True)
+class Join(Event):
+    """A learner (re)starts. A higher ``incarnation`` than the leader knows ends the old one:
+    its in-flight push is dropped and counted, its chunk leases are released, and the new
+    incarnation pulls one complete model before it trains."""
+
+    learner: int
+    incarnation: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Leave(Event):
+    learner: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat(Event):
+    learner: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Tick(Event):
+    """Time passed: check deadlines and heartbeats."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PushMeta:
+    """What a learner reports with a push (Di-PS sec. 5 ``PushRequest``, < 1 KB).
+
+    Attributes:
+      tokens: tokens the round consumed (exact, counted at the learner).
+      steps: inner steps taken.
+      base_version: the global version the round started from.
+      incarnation: the learner process's incarnation (restarts count up).
+      train_seconds: time the round's inner steps took (Decoupled DiLoCo's ``tau * xi_step``).
+      pulled: the round started from a freshly pulled global version (else it went on from
+        where the learner was).
+      start_chunk, start_offset: the learner's data position when the round started.
+      new_chunks: chunks leased during the round, in order (with the start position, what
+        replay needs to recompute the round's batches).
+      finished_chunks: chunks the round finished (the leader completes them in its ledger).
+    """
+
+    tokens: int
+    steps: int
+    base_version: int
+    incarnation: int = 0
+    train_seconds: float = 0.0
+    pulled: bool = True
+    start_chunk: int | None = None
+    start_offset: int = 0
+    new_chunks: tuple[int, ...] = ()
+    finished_chunks: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class PushRequested(Event):
+    learner: int
+    meta: PushMeta
+
+
+@dataclasses.dataclass(frozen=True)
+class TransferDone(Event):
+    """The learner finished streaming its round's shards to the followers."""
+
+    learner: int
+    round_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PullDone(Event):
+    learner: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkRequested(Event):
+    """A learner asks for its next data chunk (answered by :class:`GrantChunk`)."""
+
+    learner: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerFailed(Event):
+    """An outage the driver observed (a process died): recorded on the tape only; the leader
+    still finds a dead learner through missed heartbeats or its next incarnation."""
+
+    learner: int
+    reason: str = "crash"
+
+
+# ----------------------------------------------------------------- follower -> leader
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerNorms(Event):
+    """One follower's partial squared norms of the round's learners (RequestNorms order)."""
+
+    follower: int
+    round_id: int
+    sq_norms: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerMerged(Event):
+    """One follower's partial squared norm of its merged shard."""
+
+    follower: int
+    round_id: int
+    merged_sq_norm: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerApplied(Event):
+    follower: int
+    round_id: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerJoined(Event):
+    """A follower (re)connected, holding ``version`` of its shard."""
+
+    follower: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerLost(Event):
+    follower: int
+    reason: str = "missed heartbeats"
+
+
+# ---------------------------------------------------------------------------- actions
+
+
+@dataclasses.dataclass(frozen=True)
+class SendModel(Action):
+    """The learner pulls one complete model of ``version`` before it trains."""
+
+    learner: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Transfer:
+    """Send tensor ``layer`` (its index in the model's flattened order) to ``follower``."""
+
+    layer: int
+    follower: int
+    step: int = 0  # communication step of the greedy schedule (Di-PS sec. 10)
+
+
+@dataclasses.dataclass(frozen=True)
+class PushShards(Action):
+    """Join round ``round_id``: stream these transfers, in order, then ``TransferDone``."""
+
+    round_id: int
+    learner: int
+    transfers: tuple[Transfer, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class WakeAt(Action):
+    t: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestNorms(Action):
+    """Followers: per-learner partial squared norms of these learners' staged shards."""
+
+    round_id: int
+    learners: tuple[int, ...]
+    base_versions: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Decide(Action):
+    """The one decision every follower applies: merge these learners with these weights."""
+
+    round_id: int
+    learners: tuple[int, ...]  # all participants, in RequestNorms order
+    accepted: tuple[bool, ...]
+    tokens: tuple[int, ...]
+    steps: tuple[int, ...]
+    weights: tuple[float, ...]
+    sq_norms: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Apply(Action):
+    """Clip by ``clip_factor`` and take the outer step, producing ``version``."""
+
+    round_id: int
+    version: int
+    clip_factor: float
+    merged_sq_norm: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Discard(Action):
+    """Nothing of the round is applied: followers drop its shards; the version stays."""
+
+    round_id: int
+    reason: str = "nothing accepted"
+
+
+@dataclasses.dataclass(frozen=True)
+class NotifyPull(Action):
+    round_id: int
+    learners: tuple[int, ...]
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class GrantChunk(Action):
+    """The learner's next chunk, or ``None`` when none can be leased now (ask again)."""
+
+    learner: int
+    chunk: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Evict(Action):
+    learner: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Refuse(Action):
+    """A push the leader does not take (its tokens are counted as dropped)."""
+
+    learner: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop(Action):
+    reason: str
+
+
+# ------------------------------------------------------------------------------- JSON
+
+MESSAGES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        Join,
+        Leave,
+        Heartbeat,
+        Tick,
+        PushRequested,
+        TransferDone,
+        PullDone,
+        ChunkRequested,
+        LearnerFailed,
+        FollowerNorms,
+        FollowerMerged,
+        FollowerApplied,
+        FollowerJoined,
+        FollowerLost,
+        SendModel,
+        PushShards,
+        WakeAt,
+        RequestNorms,
+        Decide,
+        Apply,
+        Discard,
+        NotifyPull,
+        GrantChunk,
+        Evict,
+        Refuse,
+        Stop,
+    )
+}
+
+
+def to_json(message: Event | Action) -> dict[str, Any]:
+    """``{"type": name, **fields}`` with nested dataclasses as dicts and tuples as lists."""
+    return {"type": type(message).__name__, **dataclasses.asdict(message)}
+
+
+def from_json(data: dict[str, Any]) -> Event | Action:
+    """Inverse of :func:`to_json`; raises ``ValueError`` naming an unknown type or field."""
+    fields = dict(data)
+    name = fields.pop("type", None)
+    cls = MESSAGES.get(name)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown message type {name!r}; known: {sorted(MESSAGES)}")
+    if cls is PushRequested and isinstance(fields.get("meta"), dict):
+        meta = dict(fields["meta"])
+        for key in ("new_chunks", "finished_chunks"):
+            if key in meta:
+                meta[key] = tuple(meta[key])
+        fields["meta"] = PushMeta(**meta)
+    if cls is PushShards and "transfers" in fields:
+        fields["transfers"] = tuple(Transfer(**x) for x in fields["transfers"])
+    for key, value in fields.items():
+        if isinstance(value, list):
+            fields[key] = tuple(value)
+    try:
+        return cls(**fields)
+    except TypeError as e:
+        raise ValueError(f"bad fields for {name}: {e}") from e

@@ -1,0 +1,165 @@
+"""The method registry: how each syncer method is set up, shared by simulator and runtime.
+
+A method is four things that must agree: the leader's policy (:class:`LeaderConfig`: weights,
+penalty, clipping, reference, participants), its grace policy, the outer chain the
+followers run, and the pseudo-gradient reference. :func:`build` makes all four from one
+:class:`MethodSettings`, so the anomaly and weighting settings live in one place and the
+simulator and the runtime cannot drift apart.
+
+=================  =========  ===========  =======  =====  ========================
+method             reference  weighting    penalty  clip   grace
+=================  =========  ===========  =======  =====  ========================
+``dips``           server     tokens       yes      1.0    Di-PS dynamic
+``decoupled``      start      decoupled    no       no     quorum K + gamma * slack
+``naive_async``    start      uniform      no       no     none, one push per round
+``sync_diloco``    start      uniform      no       no     quorum of all M, no grace
+=================  =========  ===========  =======  =====  ========================
+
+The outer chain is built lazily (:meth:`Method.make_tx`) so that a leader process never
+imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dipsjax import rules
+from dipsjax.syncer import grace as grace_lib
+from dipsjax.syncer.leader import LeaderConfig
+
+METHODS = ("dips", "decoupled", "naive_async", "sync_diloco")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSettings:
+    """Knobs of the outer optimization common to every method (validated by the parts).
+
+    Attributes:
+      learners: ``M``, the number of learners (the synchronous quorum).
+      outer_lr, outer_momentum: Nesterov (Di-PS sec. 13: 0.7, 0.8).
+      anomaly: the Di-PS penalty's settings.
+      grace: grace policy name overriding the method's default (``''``: the default).
+      grace_seconds: window of the ``fixed`` policy.
+      quorum, grace_gamma: Decoupled DiLoCo's ``K`` and ``gamma``.
+      rda: Decoupled DiLoCo merges with RDA (else the weighted mean).
+      round_token_scale: EXTENSION (not in the papers, off by default): scale a round that
+        merges fewer than all learners by its share of a full round's tokens
+        (``full_round_tokens``); see :func:`dipsjax.outer.round_token_scale`.
+      full_round_tokens: tokens of a round in which every learner reports.
+      max_staleness: drop contributions older than this many versions.
+      version_cache: versions a follower keeps for the server reference.
+      heartbeat_interval: learners' heartbeat interval (eviction after 3 missed).
+      token_budget: stop after this many tokens.
+      num_followers, layer_owner: the shards (see :class:`LeaderConfig`).
+    """
+
+    learners: int = 4
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.8
+    anomaly: rules.AnomalyConfig = dataclasses.field(default_factory=rules.AnomalyConfig)
+    grace: str = ""
+    grace_seconds: float = 8.0
+    quorum: int = 1
+    grace_gamma: float = 0.9
+    rda: bool = True
+    round_token_scale: bool = False
+    full_round_tokens: float | None = None
+    max_staleness: int | None = None
+    version_cache: int = 8
+    heartbeat_interval: float = 10.0
+    token_budget: int | None = None
+    num_followers: int = 1
+    layer_owner: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.learners < 1:
+            raise ValueError(f"MethodSettings.learners must be >= 1, got {self.learners}")
+        if self.round_token_scale and not (self.full_round_tokens or 0) > 0:
+            raise ValueError(
+                "MethodSettings.full_round_tokens must be > 0 when round_token_scale is on, "
+                f"got {self.full_round_tokens!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method's parts (see module docstring)."""
+
+    name: str
+    reference: str
+    leader: LeaderConfig
+    grace: grace_lib.GracePolicy
+    settings: MethodSettings
+
+    def make_tx(self) -> Any:
+        """The followers' outer chain (imports JAX)."""
+        from dipsjax import outer
+
+        s, a = self.settings, self.settings.anomaly
+        lr, mom = s.outer_lr, s.outer_momentum
+        if self.name == "dips":
+            return outer.dips(
+                lr,
+                mom,
+                alpha=a.alpha,
+                beta=a.beta,
+                history=a.history,
+                warmup=a.warmup,
+                min_max_score=a.min_max_score,
+                min_sigma_ratio=a.min_sigma_ratio,
+                max_norm=self.leader.max_norm,
+            )
+        if self.name == "decoupled":
+            full = s.full_round_tokens if s.round_token_scale else None
+            return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full)
+        return outer.diloco(lr, mom)
+
+
+def build(name: str, settings: MethodSettings | None = None) -> Method:
+    """The parts of method ``name`` (one of :data:`METHODS`) under ``settings``."""
+    s = settings or MethodSettings()
+    if name not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {name!r}")
+    common = dict(
+        anomaly=s.anomaly,
+        max_staleness=s.max_staleness,
+        version_cache=s.version_cache,
+        heartbeat_interval=s.heartbeat_interval,
+        token_budget=s.token_budget,
+        num_followers=s.num_followers,
+        layer_owner=s.layer_owner,
+    )
+    if name == "dips":
+        lc = LeaderConfig(
+            weighting="tokens", penalty=True, max_norm=1.0, reference="server", **common
+        )
+        return Method(name, "server", lc, _grace(s, "dynamic"), s)
+    if name == "decoupled":
+        lc = LeaderConfig(weighting="decoupled", penalty=False, max_norm=None, **common)
+        policy = (
+            grace_lib.QuorumGrace(k=s.quorum, grace=False)
+            if s.grace == "none"
+            else _grace(s, "quorum")
+        )
+        return Method(name, "start", lc, policy, s)
+    if name == "naive_async":
+        lc = LeaderConfig(
+            weighting="uniform", penalty=False, max_norm=None, max_participants=1, **common
+        )
+        return Method(name, "start", lc, _grace(s, "none"), s)
+    lc = LeaderConfig(weighting="uniform", penalty=False, max_norm=None, **common)
+    return Method(name, "start", lc, grace_lib.QuorumGrace(k=s.learners, grace=False), s)
+
+
+def _grace(s: MethodSettings, default: str) -> grace_lib.GracePolicy:
+    name = s.grace or default
+    if name == "fixed":
+        return grace_lib.FixedGrace(s.grace_seconds)
+    if name == "dynamic":
+        return grace_lib.DynamicGrace()
+    if name == "quorum":
+        return grace_lib.QuorumGrace(k=s.quorum, gamma=s.grace_gamma, grace=True)
+    if name == "none":
+        return grace_lib.NoGrace()
+    raise ValueError(f"grace policy must be one of none, fixed, dynamic, quorum; got {name!r}")

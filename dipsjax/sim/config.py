@@ -29,6 +29,11 @@ class SimConfig:
     ``min_sigma_ratio`` (:class:`dipsjax.rules.AnomalyConfig`); ``warmup=0,
     min_max_score=None, min_sigma_ratio=0`` is the paper's rule.
 
+    Learners wait from their push until they pulled the version it went into (Di-PS sec. 5);
+    ``overlap=True`` lets them keep training and adopt the newest version at their next round
+    start (Decoupled DiLoCo's learners never wait; on the tiny settings one round of
+    staleness costs more than the wait saves, so it is off by default).
+
     Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
     round by its share of a full round's tokens).
     """
@@ -63,12 +68,12 @@ class SimConfig:
     grace_gamma: float = 0.9
     rda: bool = True
     round_token_scale: bool = False
-    overlap: bool | None = None
-    alpha: float = 0.02
-    beta: float = 3.0
-    warmup: int = 3
-    min_max_score: float | None = 1.0
-    min_sigma_ratio: float = 0.0
+    overlap: bool = False
+    alpha: float = rules.AnomalyConfig.alpha
+    beta: float = rules.AnomalyConfig.beta
+    warmup: int = rules.AnomalyConfig.warmup
+    min_max_score: float | None = rules.AnomalyConfig.min_max_score
+    min_sigma_ratio: float = rules.AnomalyConfig.min_sigma_ratio
     max_staleness: int | None = None
     version_cache: int = 8
     schedule: str = "greedy"

@@ -56,6 +56,7 @@ def simulate_decentralized(
     phases = {"train": 0.0, "send": 0.0}
     curve: list[dict[str, float]] = []
     applied = [0]
+    training = [0] * m  # tokens of each learner's round in progress
 
     def record(t: float) -> None:
         loss, bpb = world.evaluate(jax.device_get(replicas[0]))
@@ -90,14 +91,16 @@ def simulate_decentralized(
                 ledger.complete(str(j), b.chunk)
         if not batches:
             return
+        count["consumed"] += len(batches) * cfg.batch_size * cfg.seq_len  # batches drawn
         contrib = learners[j].run_round(batches, num_steps=len(batches), reference="start")
-        count["consumed"] += contrib.tokens
+        training[j] = contrib.tokens
         dt = world.train_time(j, contrib.steps)
         phases["train"] += dt
         clock.at(clock.now + dt, trained, j, wire(cfg, contrib.delta), contrib.tokens)
 
     def trained(j: int, delta: Any, tokens: int) -> None:
         t = clock.now
+        training[j] = 0
         count["reported"] += tokens
         count["pushes"] += 1
         apply(j, delta)
@@ -127,7 +130,7 @@ def simulate_decentralized(
         virtual_time=clock.now,
         tokens=TokenCount(
             consumed=count["consumed"],
-            unpushed=count["consumed"] - count["reported"],
+            unpushed=sum(training),
             reported=count["reported"],
             applied=count["reported"],
         ),

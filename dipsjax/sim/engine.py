@@ -26,10 +26,8 @@ from dipsjax.data.pipeline import BatchStream
 from dipsjax.learner import Learner
 from dipsjax.sim.cluster import Clock, LocalCluster
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World, wire
+from dipsjax.sim.world import World, pseudo_gradient, wire
 from dipsjax.syncer import messages as m
-from dipsjax.syncer import methods as methods_lib
-from dipsjax.syncer.follower import Follower
 from dipsjax.syncer.leader import Leader
 
 
@@ -46,6 +44,7 @@ class SimLearner:
     ready: bool = False  # overlap: a trained round waiting for the previous push
     latest: Any = None  # overlap: (version, params) of the newest pulled global model
     training: Any = None  # (start, duration, tokens) of the round in progress, until pushed
+    base: Any = None  # parameters of the version last pulled (the server reference's base)
     consumed: int = 0  # tokens of every batch drawn (learner-side count)
     lost: int = 0  # tokens of rounds a crash or leave destroyed before their push
     pushed_at: float | None = None
@@ -53,29 +52,11 @@ class SimLearner:
 
 def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
     """The leader (from the method registry) and followers holding the initial model."""
-    method = methods_lib.build(
-        cfg.method, cfg.method_settings(tuple(world.layer_owner), world.num_followers)
-    )
-    leader = Leader(method.leader, method.grace, data=_new_data(cfg, world))
-    tx = method.make_tx()
-    followers = [
-        Follower(
-            k,
-            shard,
-            tx,
-            capacity=cfg.learners,
-            reference=method.reference,
-            version_cache=cfg.version_cache,
-        )
-        for k, shard in enumerate(world.split(world.init_params))
-    ]
-    return LocalCluster(world, leader, followers, clock)
-
-
-def _new_data(cfg: SimConfig, world: World) -> Any:
     from dipsjax.data import new_ledger
 
-    return new_ledger(world.chunks.shape[0], seed=cfg.seed)
+    method = world.method()
+    leader = Leader(method.leader, method.grace, data=new_ledger(len(world.chunks), seed=cfg.seed))
+    return LocalCluster(world, leader, world.followers(method), clock)
 
 
 class Engine:
@@ -102,6 +83,8 @@ class Engine:
         self.last_eval_round = -1
         self.learners = [self._new_learner(j, 0) for j in range(cfg.learners)]
         self.restore_leader_at = restore_leader_at
+        self.scripted_joins = [t for _, t in cfg.joins] + [t for _, _, t in cfg.failures]
+        self.reference = self.cluster.followers[0].reference
 
     @property
     def leader(self) -> Leader:
@@ -114,10 +97,11 @@ class Engine:
     # -- learner behaviour -------------------------------------------------------------
 
     def start_round(self, sl: SimLearner, t: float, adopt: Any = None, reset: bool = False) -> None:
-        if not sl.alive or self.stopped:
-            return
+        if not sl.alive or self.stopped or sl.training is not None:
+            return  # dead, over, or a round already in progress
         if adopt is not None:
             sl.learner.pull(adopt[1], version=adopt[0], reset_optimizer=reset)
+            sl.base = adopt[1]
         start = sl.stream.position
         taken: list[int] = []
         finished: list[int] = []
@@ -149,7 +133,8 @@ class Engine:
             new_chunks=tuple(taken),
             finished_chunks=tuple(finished),
         )
-        sl.pending = (meta, wire(self.cfg, contrib.delta))
+        delta = pseudo_gradient(self.reference, contrib, sl.learner, sl.base)
+        sl.pending = (meta, wire(self.cfg, delta))
         sl.training = (t, dt, drawn)
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl.j, sl.incarnation)
@@ -164,6 +149,8 @@ class Engine:
         self.push(sl, self.clock.now)
 
     def push(self, sl: SimLearner, t: float) -> None:
+        if self.stopped:
+            return  # the run is over: the round stays unpushed (counted as such)
         meta, payload = sl.pending
         sl.outbox, sl.pending, sl.training = payload, None, None
         sl.pushed_at = t
@@ -216,6 +203,8 @@ class Engine:
         elif isinstance(a, m.NotifyPull):
             for j in a.learners:
                 sl = self.learners[j]
+                if sl.pushed_at is None:
+                    continue  # no push of this incarnation is waiting for this version
                 dt = w.pull_time(j)
                 self.pull_comm += dt
                 self.phases["pull"] += dt
@@ -270,11 +259,12 @@ class Engine:
             if sl.alive:
                 self.cluster.feed(m.Heartbeat(t, sl.j))
         self.cluster.feed(m.Tick(t))
-        if not self.stopped and any(sl.alive for sl in self.learners):
+        comeback = any(t < when for when in self.scripted_joins)
+        if not self.stopped and (comeback or any(sl.alive for sl in self.learners)):
             self.clock.at(t + self.cfg.heartbeat_interval, self._heartbeats)
 
     def _restore_leader(self) -> None:
-        snap = json.loads(json.dumps(self.leader.snapshot()))
+        snap = json.loads(json.dumps(self.leader.snapshot(), allow_nan=False))
         self.cluster.leader = Leader.restore(snap, tape=self.leader.tape)
 
     # -- the run -------------------------------------------------------------------------

@@ -19,10 +19,9 @@ from dipsjax import outer
 from dipsjax.data.pipeline import StreamPosition
 from dipsjax.learner import Learner
 from dipsjax.sim.config import SimConfig
-from dipsjax.sim.world import World, wire
+from dipsjax.sim.world import World, pseudo_gradient, wire
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods as methods_lib
-from dipsjax.syncer.follower import Follower
 from dipsjax.syncer.tape import EventTape
 
 
@@ -31,21 +30,8 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
     if cfg.method not in methods_lib.METHODS:
         raise ValueError(f"replay needs a syncer method, not {cfg.method!r}")
     world = World(cfg)
-    method = methods_lib.build(
-        cfg.method, cfg.method_settings(tuple(world.layer_owner), world.num_followers)
-    )
-    tx = method.make_tx()
-    followers = [
-        Follower(
-            k,
-            shard,
-            tx,
-            capacity=cfg.learners,
-            reference=method.reference,
-            version_cache=cfg.version_cache,
-        )
-        for k, shard in enumerate(world.split(world.init_params))
-    ]
+    method = world.method()
+    followers = world.followers(method)
     versions = {0: world.init_params}
     learners: dict[int, tuple[int, Learner]] = {}
     for rec in tape.round_records():
@@ -63,7 +49,9 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
             contrib = learner.run_round(batches, num_steps=meta.steps, reference="start")
             if j not in kept:
                 continue  # dropped as stale: retrained only to carry the learner's state on
-            for f, part in zip(followers, world.split(wire(cfg, contrib.delta)), strict=True):
+            base = versions.get(meta.base_version)
+            delta = pseudo_gradient(method.reference, contrib, learner, base)
+            for f, part in zip(followers, world.split(wire(cfg, delta)), strict=True):
                 f.receive(rec.round_id, j, part)
         if not rec.participants:
             continue

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from dipsjax import outer
@@ -101,6 +103,30 @@ class World:
             position=position,
         )
 
+    def method(self) -> Any:
+        """The experiment's method parts from the registry, sharded over these followers."""
+        from dipsjax.syncer import methods
+
+        settings = self.cfg.method_settings(tuple(self.layer_owner), self.num_followers)
+        return methods.build(self.cfg.method, settings)
+
+    def followers(self, method: Any) -> list[Any]:
+        """Followers holding the initial model, one shard each, running the method's chain."""
+        from dipsjax.syncer.follower import Follower
+
+        tx = method.make_tx()
+        return [
+            Follower(
+                k,
+                shard,
+                tx,
+                capacity=self.cfg.learners,
+                reference=method.reference,
+                version_cache=self.cfg.version_cache,
+            )
+            for k, shard in enumerate(self.split(self.init_params))
+        ]
+
     def split(self, tree: dict) -> list[dict]:
         """A parameter-shaped tree cut into the followers' shards."""
         return outer.split_tree(tree, self.shard_of, self.num_followers)
@@ -133,6 +159,16 @@ class World:
         """A whole model from all followers at once (their egress links in parallel)."""
         gbps = min(self.cfg.bandwidth(j), self.cfg.follower_gbps * self.num_followers)
         return self.cfg.latency + self.wire_bytes * 8 / (gbps * 1e9)
+
+
+def pseudo_gradient(reference: str, contrib: Any, learner: Learner, base: Any) -> dict:
+    """What a learner sends: ``theta_start - theta_end`` (start reference), or
+    ``theta_base - theta_end`` against the version it last pulled (server reference: the
+    followers add ``theta_now - theta_base``; a round that did not start from a fresh pull
+    still yields exactly ``theta_now - theta_end``)."""
+    if reference != "server":
+        return contrib.delta
+    return jax.tree.map(lambda b, e: jnp.asarray(b, jnp.float32) - e, base, learner.params_dict())
 
 
 def wire(cfg: SimConfig, payload: dict) -> dict:

@@ -199,7 +199,8 @@ class Follower:
     def apply(self, decision: Decide, apply: Apply) -> int:
         """Step 3: the outer step with the leader's decision; returns the new version."""
         if apply.version <= self.state.version:
-            return self.state.version  # already applied: idempotent
+            self.discard(decision.round_id)  # already applied (a retry): idempotent
+            return self.state.version
         if apply.version != self.state.version + 1:
             raise ValueError(
                 f"follower {self.follower_id} is at version {self.state.version}, "

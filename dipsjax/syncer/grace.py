@@ -55,6 +55,9 @@ class GracePolicy:
     ) -> None:
         """A round finished: first push, quorum reached, window closed, pull done."""
 
+    def forget_learner(self, learner: int) -> None:
+        """A learner left (evicted, restarted, gone): drop what was learned about it."""
+
     def describe(self) -> dict:
         """JSON-able summary for the event tape."""
         return {"policy": type(self).__name__}
@@ -248,6 +251,9 @@ class QuorumGrace(GracePolicy):
         last = self._train.get(key)
         a = self.smoothing
         self._train[key] = train_seconds if last is None else a * train_seconds + (1 - a) * last
+
+    def forget_learner(self, learner: int) -> None:
+        self._train.pop(str(learner), None)
 
     def observe_round(
         self, *, opened: float, quorum_at: float, closed: float, ended: float

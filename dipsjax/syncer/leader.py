@@ -84,7 +84,14 @@ from dipsjax.syncer.messages import (
     WakeAt,
 )
 from dipsjax.syncer.schedule import greedy_schedule, optimal_schedule
-from dipsjax.syncer.tape import EventTape, Participant, RoundRecord, TokenLedger
+from dipsjax.syncer.tape import (
+    EventTape,
+    Participant,
+    RoundRecord,
+    TokenLedger,
+    from_strict_json,
+    strict_json,
+)
 
 REFERENCES = ("start", "server")
 
@@ -109,7 +116,8 @@ class LeaderConfig:
       max_staleness: drop contributions more than this many versions old (None: keep all).
       max_participants: at most this many learners per round (1 = apply each push alone).
       heartbeat_interval, missed_heartbeats: eviction after this many silent intervals.
-      token_budget: stop once this many tokens were reported (None: never).
+      token_budget: stop after the round in which the pushes taken (not refused) reach this
+        many tokens (None: never).
       num_followers: followers holding the shards (every one reports in every round).
       layer_owner: follower of each tensor, in the model's flattened order (the transfer
         plan is built from it; empty: plans carry no transfers).
@@ -266,6 +274,7 @@ class Leader:
         self.ledger = TokenLedger()
         self.data = data
         self.followers_up: dict[int, bool] = dict.fromkeys(range(self.config.num_followers), True)
+        self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.tape = EventTape()
         self.stopped = False
@@ -285,9 +294,25 @@ class Leader:
         return sum(p.tokens for p in pending if p.outcome is None)
 
     def _settle(self, p: Push, outcome: str) -> None:
+        """Books a push's outcome once. Its finished chunks count as trained when it was
+        applied or rejected (the data was used); a dropped push gives them back."""
         if p.outcome is None:
             p.outcome = outcome
             self.ledger.settle(p.learner, p.tokens, outcome)
+            if outcome == "dropped":
+                self._release_chunks(p.learner, p.meta.finished_chunks)
+            else:
+                self._complete_chunks(p.learner, p.meta.finished_chunks)
+
+    def _pullers(self, rnd: Round) -> list[int]:
+        """The round's learners that pull its result: the incarnations that pushed, still
+        members (a restarted learner pulls through ``SendModel`` instead)."""
+        return [
+            p.learner
+            for p in rnd.pushes + rnd.dropped
+            if p.learner in self.members
+            and self.members[p.learner].incarnation == p.meta.incarnation
+        ]
 
     def _membership(self, t: float, event: str, learner: int, **extra: Any) -> None:
         self.tape.append(
@@ -372,8 +397,19 @@ class Leader:
                 self._settle(p, "dropped")
         if self.round is not None and learner in self.round.pulling:
             self.round.pulling.remove(learner)
+        self.grace.forget_learner(learner)
         if self.data is not None:
-            self.data = chunks.release(self.data, str(learner))
+            # Its leases go back, except the chunks of a push already with the followers
+            # (they complete or come back when that push is settled).
+            keep = {
+                c
+                for p in (self.round.pushes if self.round is not None else [])
+                if p.learner == learner and p.outcome is None
+                for c in p.meta.finished_chunks
+            }
+            for lease in chunks.leases_of(self.data, str(learner)):
+                if lease.chunk not in keep:
+                    self.data = chunks.release(self.data, str(learner), lease.chunk)
         return actions
 
     def _on_PullDone(self, ev: PullDone) -> list[Action]:
@@ -437,7 +473,7 @@ class Leader:
             return self._refuse(ev, "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self.ledger.report(ev.learner, meta.tokens)
-        self._complete_chunks(ev.learner, meta.finished_chunks)
+        self.tokens_taken += meta.tokens
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
@@ -445,9 +481,9 @@ class Leader:
         open_phases = (Phase.IDLE, Phase.COLLECTING) + (
             (Phase.TRANSFERS,) if self.grace.rearm else ()
         )
-        if self.phase in open_phases and not self._round_full():
+        if self.phase in open_phases and not self._round_full() and self._followers_ready():
             return self._admit(push, ev.t)
-        self.waiting.append(push)
+        self.waiting.append(push)  # for the next round (or until every follower is back)
         return []
 
     def _open_pushes(self) -> list[Push]:
@@ -502,8 +538,14 @@ class Leader:
         self.followers_up[ev.follower] = False
         self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
         rnd = self.round
-        if rnd is not None and rnd.phase in (Phase.NORMS, Phase.MERGE):
-            # Nothing applied yet: the round is discarded whole, never half applied.
+        if rnd is not None and rnd.phase in (
+            Phase.COLLECTING,
+            Phase.TRANSFERS,
+            Phase.NORMS,
+            Phase.MERGE,
+        ):
+            # Its staged shards are gone and nothing is applied yet: the round is discarded
+            # whole, never half applied. New pushes wait until every follower is back.
             return self._discard(rnd, ev.t, f"follower {ev.follower} lost")
         return []
 
@@ -513,11 +555,23 @@ class Leader:
             "follower", t=ev.t, event="joined", follower=ev.follower, version=ev.version
         )
         rnd = self.round
-        if rnd is not None and rnd.phase is Phase.APPLY and ev.version == self.version + 1:
-            # It applied the round and checkpointed it before it was lost.
-            return self._on_FollowerApplied(
-                FollowerApplied(ev.t, ev.follower, rnd.round_id, ev.version)
-            )
+        if rnd is not None and rnd.phase is Phase.APPLY:
+            if ev.version == self.version + 1:  # it applied the round before it was lost
+                return self._on_FollowerApplied(
+                    FollowerApplied(ev.t, ev.follower, rnd.round_id, ev.version)
+                )
+            if ev.follower not in rnd.done:
+                # It lost the round's shards mid-apply while others applied it: the shards
+                # disagree on the version. Fail loudly; restore a consistent snapshot.
+                self.stopped = True
+                return [
+                    Stop(
+                        f"follower {ev.follower} came back at version {ev.version} while "
+                        f"round {rnd.round_id} was being applied as version {self.version + 1}"
+                    )
+                ]
+        if rnd is None and self._followers_ready():
+            return self._open_next(ev.t)
         return []
 
     def _followers_ready(self) -> bool:
@@ -596,7 +650,7 @@ class Leader:
         if rnd.decided_version is None:
             rnd.decided_version = self.version
         rnd.timings["discarded"] = t
-        rnd.pulling = [j for j in rnd.learners if j in self.members]
+        rnd.pulling = self._pullers(rnd)
         rnd.phase = Phase.PULL
         return [
             Discard(rnd.round_id, reason),
@@ -641,7 +695,7 @@ class Leader:
                 self.clock[p.learner] = self.clock.get(p.learner, 0) + 1
         rnd.applied = True
         rnd.timings["applied"] = ev.t
-        rnd.pulling = [j for j in rnd.learners if j in self.members]
+        rnd.pulling = self._pullers(rnd)
         rnd.phase = Phase.PULL
         return [NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version)]
 
@@ -690,7 +744,7 @@ class Leader:
         rnd.timings["transfers_done"] = t
         if not kept:
             rnd.decided_version = self.version
-            rnd.pulling = [p.learner for p in rnd.dropped if p.learner in self.members]
+            rnd.pulling = self._pullers(rnd)
             rnd.phase = Phase.PULL
             return [
                 Discard(rnd.round_id, "every push too stale"),
@@ -710,10 +764,7 @@ class Leader:
         )
         self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = None
-        if (
-            self.config.token_budget is not None
-            and self.ledger.totals()["reported"] >= self.config.token_budget
-        ):
+        if self.config.token_budget is not None and self.tokens_taken >= self.config.token_budget:
             self.stopped = True
             for p in self.waiting:
                 self._settle(p, "dropped")
@@ -758,6 +809,8 @@ class Leader:
         )
 
     def _open_next(self, t: float) -> list[Action]:
+        if not self._followers_ready():
+            return []  # pushes wait until every follower is back
         waiting, self.waiting = self.waiting, []
         actions: list[Action] = []
         for i, p in enumerate(waiting):
@@ -800,36 +853,39 @@ class Leader:
                 "merged": [[k, v] for k, v in r.merged.items()],
             }
         a = self.anomaly
-        return {
-            "format": 1,
-            "config": self.config.to_json(),
-            "grace": self.grace.state_dict(),
-            "version": self.version,
-            "members": [[j, dataclasses.asdict(m)] for j, m in self.members.items()],
-            "clock": [[j, c] for j, c in self.clock.items()],
-            "incarnations": [[j, c] for j, c in self.incarnations.items()],
-            "round": rnd,
-            "waiting": [push(p) for p in self.waiting],
-            "next_round_id": self.next_round_id,
-            "anomaly": {
-                "mu": float(a.mu),
-                "sigma": float(a.sigma),
-                "count": int(a.count),
-                "recent_scores": [float(x) for x in a.recent_scores],
-                "recent_valid": [bool(x) for x in a.recent_valid],
-                "cursor": int(a.cursor),
-            },
-            "ledger": self.ledger.to_json(),
-            "data": None if self.data is None else self.data.to_dict(),
-            "followers_up": [[k, v] for k, v in self.followers_up.items()],
-            "lru": list(self.lru),
-            "stopped": self.stopped,
-        }
+        return strict_json(
+            {
+                "format": 1,
+                "config": self.config.to_json(),
+                "grace": self.grace.state_dict(),
+                "version": self.version,
+                "members": [[j, dataclasses.asdict(m)] for j, m in self.members.items()],
+                "clock": [[j, c] for j, c in self.clock.items()],
+                "incarnations": [[j, c] for j, c in self.incarnations.items()],
+                "round": rnd,
+                "waiting": [push(p) for p in self.waiting],
+                "next_round_id": self.next_round_id,
+                "anomaly": {
+                    "mu": float(a.mu),
+                    "sigma": float(a.sigma),
+                    "count": int(a.count),
+                    "recent_scores": [float(x) for x in a.recent_scores],
+                    "recent_valid": [bool(x) for x in a.recent_valid],
+                    "cursor": int(a.cursor),
+                },
+                "ledger": self.ledger.to_json(),
+                "data": None if self.data is None else self.data.to_dict(),
+                "followers_up": [[k, v] for k, v in self.followers_up.items()],
+                "lru": list(self.lru),
+                "tokens_taken": self.tokens_taken,
+                "stopped": self.stopped,
+            }
+        )
 
     @classmethod
     def restore(cls, state: dict[str, Any], tape: EventTape | None = None) -> Leader:
         """A leader equal to the one that took :meth:`snapshot` (``tape`` continues)."""
-        state = json.loads(json.dumps(state))  # accept any JSON round trip, own nothing
+        state = from_strict_json(json.loads(json.dumps(state)))  # own nothing
         if state.get("format") != 1:
             raise ValueError(f"leader snapshot format {state.get('format')!r} is not 1")
 
@@ -875,6 +931,7 @@ class Leader:
         leader.ledger = TokenLedger.from_json(state["ledger"])
         leader.followers_up = {k: v for k, v in state["followers_up"]}
         leader.lru = tuple(state["lru"])
+        leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
         if tape is not None:
             leader.tape = tape

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,30 @@ from typing import Any
 from dipsjax.syncer.messages import PushMeta
 
 OUTCOMES = ("applied", "rejected", "dropped")
+_NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float spelled ``"Infinity"``, ``"-Infinity"`` or
+    ``"NaN"``, so it is strict JSON (``allow_nan=False``; protobuf-safe)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def from_strict_json(obj: Any) -> Any:
+    """Inverse of :func:`strict_json`."""
+    if isinstance(obj, str) and obj in _NONFINITE:
+        return _NONFINITE[obj]
+    if isinstance(obj, dict):
+        return {k: from_strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [from_strict_json(v) for v in obj]
+    return obj
 
 
 @dataclasses.dataclass
@@ -125,11 +150,11 @@ class RoundRecord:
     timings: dict[str, float | None]
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return strict_json(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RoundRecord:
-        d = {k: v for k, v in d.items() if k != "kind"}
+        d = from_strict_json({k: v for k, v in d.items() if k != "kind"})
 
         def part(p: dict[str, Any]) -> Participant:
             meta = dict(p["meta"])
@@ -149,8 +174,8 @@ class EventTape:
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def append(self, kind: str, **fields: Any) -> dict[str, Any]:
-        record = {"kind": kind, **fields}
-        json.dumps(record)  # fail early on anything that would not serialise
+        record = strict_json({"kind": kind, **fields})
+        json.dumps(record, allow_nan=False)  # fail early on anything that would not serialise
         self.records.append(record)
         return record
 

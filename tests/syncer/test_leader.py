@@ -1,6 +1,7 @@
 """The leader state machine: round lifecycle, grace, membership, budget, ledger, tape."""
 
 import json
+import math
 
 import pytest
 from hypothesis import given
@@ -381,20 +382,77 @@ def test_every_follower_reports_before_the_leader_decides():
     assert notify.version == 1 == leader.version
 
 
-def test_a_follower_lost_before_apply_discards_the_round_whole():
+@pytest.mark.parametrize("phase", ["transfers", "norms"])
+def test_a_follower_lost_before_apply_discards_the_round_whole(phase):
     leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace())
     join_all(leader, 1)
     leader.handle(push(0.0, 0, 10, 1, 0))
-    leader.handle(L.TransferDone(0.1, 0, 0))
-    leader.handle(L.FollowerNorms(0.2, 0, 0, (1.0,)))
+    if phase == "norms":
+        leader.handle(L.TransferDone(0.1, 0, 0))
+        leader.handle(L.FollowerNorms(0.2, 0, 0, (1.0,)))
     acts = leader.handle(L.FollowerLost(0.3, 1))
     assert acts[0] == L.Discard(0, "follower 1 lost") and leader.version == 0
     assert totals(leader)["dropped"] == 10 and totals(leader)["applied"] == 0
     leader.handle(L.PullDone(0.4, 0, 0))
-    # No new round asks for norms until the follower is back.
-    leader.handle(push(1.0, 0, 10, 1, 0))
-    assert kinds(leader.handle(L.TransferDone(1.1, 0, 1))) == []
-    assert kinds(leader.handle(L.FollowerJoined(2.0, 1, 0))) == ["RequestNorms"]
+    # New pushes wait (no shards to a dead follower) until it is back.
+    assert leader.handle(push(1.0, 0, 10, 1, 0)) == []
+    assert totals(leader)["outstanding"] == 10
+    (plan, *_) = leader.handle(L.FollowerJoined(2.0, 1, 0))
+    assert isinstance(plan, L.PushShards) and plan.round_id == 1
+
+
+def test_a_follower_back_at_the_old_version_mid_apply_stops_loudly():
+    leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace())
+    join_all(leader, 1)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    for k in (0, 1):
+        leader.handle(L.FollowerNorms(0.2, k, 0, (1.0,)))
+    for k in (0, 1):
+        leader.handle(L.FollowerMerged(0.3, k, 0, 1.0))
+    leader.handle(L.FollowerApplied(0.4, 0, 0, 1))
+    leader.handle(L.FollowerLost(0.5, 1))
+    (stop,) = leader.handle(L.FollowerJoined(0.6, 1, 0))
+    assert isinstance(stop, L.Stop) and "version 0" in stop.reason and leader.stopped
+
+
+def test_learners_dropped_as_stale_pull_the_rounds_result():
+    leader = Leader(LeaderConfig(penalty=False, max_staleness=0), NoGrace(), version=2)
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 2))
+    leader.handle(push(0.0, 1, 10, 1, 1))  # stale: dropped before the norms
+    _, _, notify, _ = finish_round(leader, 1.0)
+    assert notify.learners == (0, 1)
+
+
+def test_a_restarted_learner_does_not_pull_its_old_incarnations_round():
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 1, 10, 1, 0))
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    leader.handle(L.TransferDone(0.1, 1, 0))
+    leader.handle(L.FollowerNorms(0.2, 0, 0, (1.0, 1.0)))
+    acts = leader.handle(L.Join(0.3, 1, incarnation=1))  # after its shards were handed over
+    assert L.SendModel(1, 0) in acts
+    leader.handle(L.FollowerMerged(0.4, 0, 0, 1.0))
+    (notify,) = leader.handle(L.FollowerApplied(0.5, 0, 0, 1))
+    assert notify.learners == (0,)  # its push stays merged; it pulls through SendModel
+    assert totals(leader)["applied"] == 20
+
+
+def test_snapshots_and_tapes_are_strict_json():
+    leader = Leader(LeaderConfig(penalty=True, anomaly=AnomalyConfig.paper()), NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 1, 10, 1, 0))
+    finish_round(leader, 1.0, norms=(1.0, float("nan")))  # threshold +inf, a NaN norm
+    text = json.dumps(leader.snapshot(), allow_nan=False)
+    json.dumps(leader.tape.records, allow_nan=False)
+    rec = leader.tape.round_records()[0]
+    assert math.isnan(rec.sq_norms[1]) and rec.threshold == math.inf
+    copy = Leader.restore(json.loads(text))
+    assert copy.anomaly.recent_scores[0] == leader.anomaly.recent_scores[0] > 1e37
 
 
 def test_transfer_plans_follow_the_greedy_schedule_over_the_layer_owners():
@@ -419,11 +477,19 @@ def test_chunk_leases_completions_and_releases_are_driven_by_leader_events():
         (grant,) = leader.handle(L.ChunkRequested(0.0, j))
         got[j].append(grant.chunk)
     leader.handle(push(1.0, 0, 10, 1, 0, finished_chunks=(got[0][0],)))
+    assert completed_chunks(leader.data, 0) == set()  # trained once its push is settled
+    finish_round(leader, 1.5)
     assert completed_chunks(leader.data, 0) == {got[0][0]}
+    # A dropped push gives its finished chunks back.
+    leader.handle(push(1.6, 0, 10, 1, 1, finished_chunks=(got[0][1],)))
+    leader.handle(L.Leave(1.7, 0))
+    assert got[0][1] not in completed_chunks(leader.data, 0)
+    assert leases_of(leader.data, "0") == ()
     leader.handle(L.Join(2.0, 1, incarnation=1))  # restarted: its lease goes back
     assert leases_of(leader.data, "1") == ()
-    (grant,) = leader.handle(L.ChunkRequested(3.0, 0))
-    assert grant.chunk == got[1][0]  # released chunks are leased again first
+    leader.handle(L.PullDone(2.1, 1, leader.version))
+    (grant,) = leader.handle(L.ChunkRequested(3.0, 1))
+    assert grant.chunk in (got[0][1], got[1][0])  # released chunks are leased again first
     check_invariants(leader.data)
 
 

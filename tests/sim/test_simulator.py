@@ -158,6 +158,7 @@ def test_experiment_configs_expand_and_validate():
         "sim_methods",
         "sim_comm",
         "sim_anomaly",
+        "sim_wire",
     ):
         runs = experiments.expand(experiments.load_experiment(name, "ci"))
         assert runs and all(isinstance(c, SimConfig) for _, c in runs)

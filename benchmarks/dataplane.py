@@ -1,0 +1,174 @@
+"""Data plane: push + pull of a 100M-parameter BF16 model between a learner and 2 followers,
+against a raw TCP transfer of the same bytes over the same topology, in the same run.
+
+The followers run in a child process (two servers, as two followers would), the learner in
+this one. Data plane: the learner encodes FP32 tensors to BF16, frames and checksums them,
+and streams half to each follower concurrently (encoding overlapped with sending); the
+followers check, decode to FP32 and stage them; then the learner pulls the model back the
+same way (followers encode, learner decodes). Raw TCP: the same number of bytes, already
+serialized, sent and received with ``sendall``/``recv_into`` and nothing else.
+
+Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import socket
+import statistics
+import threading
+import time
+
+import numpy as np
+
+TENSOR = 2_000_000  # values per tensor (8 MB in FP32, 4 MB in BF16)
+
+
+def _model(params: float) -> dict[int, np.ndarray]:
+    n = max(2, round(params / TENSOR))
+    rng = np.random.default_rng(0)
+    return {i: rng.standard_normal(TENSOR).astype(np.float32) for i in range(n)}
+
+
+def _shard(model: dict, k: int) -> dict:
+    return {i: x for i, x in model.items() if i % 2 == k}
+
+
+# ---------------------------------------------------------------- followers (child)
+
+
+def _dataplane_followers(params: float, conn) -> None:
+    from dipsjax.transport import dataplane as dp
+
+    model = _model(params)
+    servers = []
+    for k in range(2):
+        shard = _shard(model, k)
+        staged = {}
+
+        def on_push(r, j, inc, base, tensors, staged=staged):
+            staged[r] = tensors
+
+        servers.append(dp.DataPlaneServer(on_push, lambda v, shard=shard: (0, shard), port=0))
+    conn.send([s.address for s in servers])
+    conn.recv()  # until the parent is done
+
+
+def _raw_followers(nbytes: list[int], conn) -> None:
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+
+    def serve(sock: socket.socket, n: int) -> None:
+        buf = bytearray(n)
+        out = bytes(n)
+        while True:
+            try:
+                c, _ = sock.accept()
+            except OSError:
+                return
+            with c:
+                while True:
+                    view, got = memoryview(buf), 0
+                    while got < n:
+                        k = c.recv_into(view[got:], n - got)
+                        if k == 0:
+                            break
+                        got += k
+                    if got < n:
+                        break
+                    c.sendall(b"A")
+                    if len(c.recv(1)) != 1:
+                        break
+                    c.sendall(out)
+
+    for s, n in zip(socks, nbytes, strict=True):
+        threading.Thread(target=serve, args=(s, n), daemon=True).start()
+    conn.send([s.getsockname()[:2] for s in socks])
+    conn.recv()
+
+
+# ------------------------------------------------------------------ learner (parent)
+
+
+def _timed_dataplane(addresses, model) -> float:
+    from dipsjax.transport import dataplane as dp
+
+    clients = [dp.DataPlaneClient(a) for a in addresses]
+    pulled: dict[int, dict] = {}
+
+    def push_pull(k: int) -> None:
+        clients[k].push(1, 0, 0, 0, sorted(_shard(model, k).items()))
+        pulled[k] = clients[k].pull()[1]
+
+    t = time.perf_counter()
+    threads = [threading.Thread(target=push_pull, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.perf_counter() - t
+    for c in clients:
+        c.close()
+    assert sum(len(p) for p in pulled.values()) == len(model)
+    return dt
+
+
+def _timed_raw(addresses, nbytes) -> float:
+    def push_pull(k: int) -> None:
+        with socket.create_connection(addresses[k]) as s:
+            s.sendall(payloads[k])
+            assert s.recv(1) == b"A"
+            s.sendall(b"P")
+            buf = bytearray(nbytes[k])
+            view, got = memoryview(buf), 0
+            while got < nbytes[k]:
+                got += s.recv_into(view[got:], nbytes[k] - got)
+
+    payloads = [bytes(n) for n in nbytes]
+    t = time.perf_counter()
+    threads = [threading.Thread(target=push_pull, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t
+
+
+def _start(target, *args):
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+    proc.start()
+    return proc, parent, parent.recv()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--params", type=float, default=100e6)
+    parser.add_argument("--trials", type=int, default=3)
+    args = parser.parse_args()
+    model = _model(args.params)
+    n_params = sum(x.size for x in model.values())
+    nbytes = [2 * sum(x.size for x in _shard(model, k).values()) for k in range(2)]
+    wire = 2 * sum(nbytes)  # pushed and pulled, BF16
+
+    dp_proc, dp_conn, dp_addr = _start(_dataplane_followers, args.params)
+    raw_proc, raw_conn, raw_addr = _start(_raw_followers, nbytes)
+    _timed_dataplane(dp_addr, model)  # warm-up: compiles the codecs on both ends
+    _timed_raw(raw_addr, nbytes)
+    dps, raws = [], []
+    for _ in range(args.trials):  # interleaved, so that machine noise hits both
+        raws.append(_timed_raw(raw_addr, nbytes))
+        dps.append(_timed_dataplane(dp_addr, model))
+    for conn, proc in ((dp_conn, dp_proc), (raw_conn, raw_proc)):
+        conn.send("done")
+        proc.join(5)
+    t_dp, t_raw = statistics.median(dps), statistics.median(raws)
+    print(f"model: {n_params / 1e6:.0f}M params, {wire / 1e6:.0f} MB on the wire (push + pull)")
+    print(f"raw TCP:    {t_raw:.3f} s  ({wire / t_raw / 1e9:.2f} GB/s)  trials {raws}")
+    print(f"data plane: {t_dp:.3f} s  ({wire / t_dp / 1e9:.2f} GB/s)  trials {dps}")
+    print(f"dataplane_push_pull_ratio: {t_raw / t_dp:.2f} (goal: >= 0.70)")
+
+
+if __name__ == "__main__":
+    main()

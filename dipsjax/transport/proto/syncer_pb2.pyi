@@ -1,0 +1,367 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Join(_message.Message):
+    __slots__ = ("t", "learner", "incarnation")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    incarnation: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class Leave(_message.Message):
+    __slots__ = ("t", "learner")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("t", "learner")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ...) -> None: ...
+
+class Tick(_message.Message):
+    __slots__ = ("t",)
+    T_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    def __init__(self, t: _Optional[float] = ...) -> None: ...
+
+class PushMeta(_message.Message):
+    __slots__ = ("tokens", "steps", "base_version", "incarnation", "train_seconds", "pulled", "start_chunk", "start_offset", "new_chunks", "finished_chunks")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    TRAIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PULLED_FIELD_NUMBER: _ClassVar[int]
+    START_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEW_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    steps: int
+    base_version: int
+    incarnation: int
+    train_seconds: float
+    pulled: bool
+    start_chunk: int
+    start_offset: int
+    new_chunks: _containers.RepeatedScalarFieldContainer[int]
+    finished_chunks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[int] = ..., steps: _Optional[int] = ..., base_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., train_seconds: _Optional[float] = ..., pulled: _Optional[bool] = ..., start_chunk: _Optional[int] = ..., start_offset: _Optional[int] = ..., new_chunks: _Optional[_Iterable[int]] = ..., finished_chunks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PushRequested(_message.Message):
+    __slots__ = ("t", "learner", "meta")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    META_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    meta: PushMeta
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., meta: _Optional[_Union[PushMeta, _Mapping]] = ...) -> None: ...
+
+class TransferDone(_message.Message):
+    __slots__ = ("t", "learner", "round_id")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    round_id: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., round_id: _Optional[int] = ...) -> None: ...
+
+class PullDone(_message.Message):
+    __slots__ = ("t", "learner", "version")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    version: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class ChunkRequested(_message.Message):
+    __slots__ = ("t", "learner")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ...) -> None: ...
+
+class LearnerFailed(_message.Message):
+    __slots__ = ("t", "learner", "reason")
+    T_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    learner: int
+    reason: str
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class FollowerNorms(_message.Message):
+    __slots__ = ("t", "follower", "round_id", "sq_norms")
+    T_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SQ_NORMS_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    follower: int
+    round_id: int
+    sq_norms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., round_id: _Optional[int] = ..., sq_norms: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class FollowerMerged(_message.Message):
+    __slots__ = ("t", "follower", "round_id", "merged_sq_norm")
+    T_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    MERGED_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    follower: int
+    round_id: int
+    merged_sq_norm: float
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., round_id: _Optional[int] = ..., merged_sq_norm: _Optional[float] = ...) -> None: ...
+
+class FollowerApplied(_message.Message):
+    __slots__ = ("t", "follower", "round_id", "version")
+    T_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    follower: int
+    round_id: int
+    version: int
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., round_id: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class FollowerJoined(_message.Message):
+    __slots__ = ("t", "follower", "version")
+    T_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    follower: int
+    version: int
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class FollowerLost(_message.Message):
+    __slots__ = ("t", "follower", "reason")
+    T_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    follower: int
+    reason: str
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SendModel(_message.Message):
+    __slots__ = ("learner", "version")
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    learner: int
+    version: int
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class Transfer(_message.Message):
+    __slots__ = ("layer", "follower", "step")
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    layer: int
+    follower: int
+    step: int
+    def __init__(self, layer: _Optional[int] = ..., follower: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class PushShards(_message.Message):
+    __slots__ = ("round_id", "learner", "transfers")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    learner: int
+    transfers: _containers.RepeatedCompositeFieldContainer[Transfer]
+    def __init__(self, round_id: _Optional[int] = ..., learner: _Optional[int] = ..., transfers: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ...) -> None: ...
+
+class WakeAt(_message.Message):
+    __slots__ = ("t",)
+    T_FIELD_NUMBER: _ClassVar[int]
+    t: float
+    def __init__(self, t: _Optional[float] = ...) -> None: ...
+
+class RequestNorms(_message.Message):
+    __slots__ = ("round_id", "learners", "base_versions")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    learners: _containers.RepeatedScalarFieldContainer[int]
+    base_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., base_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Decide(_message.Message):
+    __slots__ = ("round_id", "learners", "accepted", "tokens", "steps", "weights", "sq_norms")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    SQ_NORMS_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    learners: _containers.RepeatedScalarFieldContainer[int]
+    accepted: _containers.RepeatedScalarFieldContainer[bool]
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    sq_norms: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., accepted: _Optional[_Iterable[bool]] = ..., tokens: _Optional[_Iterable[int]] = ..., steps: _Optional[_Iterable[int]] = ..., weights: _Optional[_Iterable[float]] = ..., sq_norms: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class Apply(_message.Message):
+    __slots__ = ("round_id", "version", "clip_factor", "merged_sq_norm")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    MERGED_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    version: int
+    clip_factor: float
+    merged_sq_norm: float
+    def __init__(self, round_id: _Optional[int] = ..., version: _Optional[int] = ..., clip_factor: _Optional[float] = ..., merged_sq_norm: _Optional[float] = ...) -> None: ...
+
+class Discard(_message.Message):
+    __slots__ = ("round_id", "reason")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    reason: str
+    def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NotifyPull(_message.Message):
+    __slots__ = ("round_id", "learners", "version")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    learners: _containers.RepeatedScalarFieldContainer[int]
+    version: int
+    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ...) -> None: ...
+
+class GrantChunk(_message.Message):
+    __slots__ = ("learner", "chunk")
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    learner: int
+    chunk: int
+    def __init__(self, learner: _Optional[int] = ..., chunk: _Optional[int] = ...) -> None: ...
+
+class Evict(_message.Message):
+    __slots__ = ("learner", "reason")
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    learner: int
+    reason: str
+    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Refuse(_message.Message):
+    __slots__ = ("learner", "reason")
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    learner: int
+    reason: str
+    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Stop(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Envelope(_message.Message):
+    __slots__ = ("job_token", "join", "leave", "heartbeat", "tick", "push_requested", "transfer_done", "pull_done", "chunk_requested", "learner_failed", "follower_norms", "follower_merged", "follower_applied", "follower_joined", "follower_lost", "send_model", "push_shards", "wake_at", "request_norms", "decide", "apply", "discard", "notify_pull", "grant_chunk", "evict", "refuse", "stop")
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    TICK_FIELD_NUMBER: _ClassVar[int]
+    PUSH_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_DONE_FIELD_NUMBER: _ClassVar[int]
+    PULL_DONE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FAILED_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_NORMS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_MERGED_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_JOINED_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_LOST_FIELD_NUMBER: _ClassVar[int]
+    SEND_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    WAKE_AT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_NORMS_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_FIELD_NUMBER: _ClassVar[int]
+    APPLY_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_FIELD_NUMBER: _ClassVar[int]
+    NOTIFY_PULL_FIELD_NUMBER: _ClassVar[int]
+    GRANT_CHUNK_FIELD_NUMBER: _ClassVar[int]
+    EVICT_FIELD_NUMBER: _ClassVar[int]
+    REFUSE_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    job_token: str
+    join: Join
+    leave: Leave
+    heartbeat: Heartbeat
+    tick: Tick
+    push_requested: PushRequested
+    transfer_done: TransferDone
+    pull_done: PullDone
+    chunk_requested: ChunkRequested
+    learner_failed: LearnerFailed
+    follower_norms: FollowerNorms
+    follower_merged: FollowerMerged
+    follower_applied: FollowerApplied
+    follower_joined: FollowerJoined
+    follower_lost: FollowerLost
+    send_model: SendModel
+    push_shards: PushShards
+    wake_at: WakeAt
+    request_norms: RequestNorms
+    decide: Decide
+    apply: Apply
+    discard: Discard
+    notify_pull: NotifyPull
+    grant_chunk: GrantChunk
+    evict: Evict
+    refuse: Refuse
+    stop: Stop
+    def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+
+class Replies(_message.Message):
+    __slots__ = ("actions", "error")
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[Envelope]
+    error: str
+    def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("job_token", "learner", "follower", "incarnation")
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    job_token: str
+    learner: int
+    follower: int
+    incarnation: int
+    def __init__(self, job_token: _Optional[str] = ..., learner: _Optional[int] = ..., follower: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...

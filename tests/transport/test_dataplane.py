@@ -1,0 +1,218 @@
+"""The data plane: exact codecs on the wire, whole pushes only, bad input refused."""
+
+import socket
+import struct
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dipsjax import outer
+from dipsjax.transport import dataplane as dp
+
+PARAMS = {
+    i: np.random.default_rng(i).standard_normal((64, 33)).astype(np.float32) for i in range(4)
+}
+
+
+class Follower:
+    """A stand-in follower: stages whole pushes, serves one version."""
+
+    def __init__(self, **kw):
+        self.pushes = {}
+        self.server = dp.DataPlaneServer(self.on_push, self.on_pull, **kw)
+
+    def on_push(self, round_id, learner, incarnation, base, tensors):
+        if any(x.shape != PARAMS[i].shape for i, x in tensors.items()):
+            raise ValueError("wrong shape for this follower's layers")
+        self.pushes[round_id, learner] = (incarnation, base, tensors)
+
+    def on_pull(self, version):
+        if version not in (-1, 5):
+            raise KeyError(f"version {version} is not kept")
+        return 5, PARAMS
+
+
+@pytest.fixture
+def follower():
+    f = Follower()
+    yield f
+    f.server.close()
+
+
+@pytest.mark.parametrize("codec", dp.CODECS)
+def test_push_and_pull_carry_exactly_what_the_codec_gives(follower, codec):
+    client = dp.DataPlaneClient(follower.server.address)
+    client.push(3, 1, 2, 4, PARAMS.items(), codec=codec)
+    inc, base, got = follower.pushes[3, 1]
+    assert (inc, base) == (2, 4)
+    for i, x in PARAMS.items():  # the simulator applies the very same codec
+        np.testing.assert_array_equal(got[i], np.asarray(outer.decode(outer.encode(x, codec))))
+    version, pulled = client.pull(codec=codec)
+    assert version == 5 and sorted(pulled) == sorted(PARAMS)
+    for i, x in PARAMS.items():
+        np.testing.assert_array_equal(pulled[i], np.asarray(outer.decode(outer.encode(x, codec))))
+    client.close()
+
+
+def test_refusals_reach_the_sender_and_the_server_keeps_serving(follower):
+    client = dp.DataPlaneClient(follower.server.address)
+    with pytest.raises(dp.TransferError, match="not kept"):
+        client.pull(9)
+    with pytest.raises(dp.TransferError, match="wrong shape"):
+        client.push(0, 1, 0, 0, [(0, np.zeros((2, 2), np.float32))])
+    assert follower.pushes == {} and follower.server.stats["errors"] == 2
+    client.push(1, 1, 0, 0, PARAMS.items())
+    assert (1, 1) in follower.pushes
+
+
+def _raw(address):
+    sock = socket.create_connection(address, timeout=10)
+    return sock
+
+
+def _frame(tensor, x, **kw):
+    payload, _scales, shape = dp.encode_tensor(x, "bf16")
+    return dp.Header(dp.PUSH, "bf16", shape=shape, tensor=tensor, **kw), bytes(payload)
+
+
+def test_a_corrupted_tensor_refuses_the_whole_push(follower):
+    sock = _raw(follower.server.address)
+    header, payload = _frame(0, PARAMS[0], round_id=2, learner=3)
+    crc = dp.checksum(payload)
+    bad = bytearray(payload)
+    bad[10] ^= 0xFF
+    header = dp.dataclasses.replace(header, payload_len=len(bad), crc=crc)
+    sock.sendall(header.pack() + bytes(bad))  # checksum of the good bytes
+    dp.send_frame(sock, *_frame(1, PARAMS[1], round_id=2, learner=3))
+    dp.send_frame(sock, dp.Header(dp.END, "fp32"))
+    reply, body, _ = dp.read_frame(sock)
+    assert reply.kind == dp.ERROR and b"checksum mismatch" in bytes(body)
+    assert follower.pushes == {}  # no partial data staged
+    sock.close()
+    dp.DataPlaneClient(follower.server.address).push(2, 3, 0, 0, PARAMS.items())
+    assert (2, 3) in follower.pushes
+
+
+def test_a_truncated_push_stages_nothing(follower):
+    sock = _raw(follower.server.address)
+    header, payload = _frame(0, PARAMS[0], round_id=7, learner=1)
+    head = dp.dataclasses.replace(header, payload_len=len(payload), crc=dp.checksum(payload)).pack()
+    sock.sendall(head + payload[: len(payload) // 2])
+    sock.close()  # the learner dies mid-transfer
+    dp.DataPlaneClient(follower.server.address).push(8, 1, 0, 0, PARAMS.items())
+    assert list(follower.pushes) == [(8, 1)]
+
+
+def test_oversized_and_foreign_frames_are_refused():
+    f = Follower(max_frame=1000)
+    try:
+        sock = _raw(f.server.address)
+        header, payload = _frame(0, PARAMS[0])
+        sock.sendall(
+            dp.dataclasses.replace(header, payload_len=len(payload), crc=0).pack() + payload
+        )
+        reply, body, _ = dp.read_frame(sock)
+        assert reply.kind == dp.ERROR and b"exceeds the limit of 1000" in bytes(body)
+        sock = _raw(f.server.address)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 64)
+        reply, body, _ = dp.read_frame(sock)
+        assert reply.kind == dp.ERROR and b"bad magic" in bytes(body)
+        assert f.server.stats["errors"] == 2
+    finally:
+        f.server.close()
+
+
+def test_header_lengths_must_fit_the_shape():
+    header = dp.Header(dp.PUSH, "bf16", shape=(3, 3), payload_len=17)
+    fixed = header.pack()
+    n = dp._HEAD.size + dp._HEAD_CRC.size
+    parsed, _ndim = dp.parse_header(fixed[:n])
+    with pytest.raises(dp.FrameError, match=r"do not fit shape \(3, 3\)"):
+        dp._check_header(fixed[:n], fixed[n:], parsed)
+    tampered = bytearray(fixed)
+    tampered[n + 1] ^= 1  # a dimension changed on the way
+    with pytest.raises(dp.FrameError, match="header checksum"):
+        dp._check_header(bytes(tampered[:n]), bytes(tampered[n:]), parsed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(min_size=0, max_size=dp._HEAD.size + dp._HEAD_CRC.size + 80))
+def test_header_decoder_only_raises_frame_errors(data):
+    n = dp._HEAD.size + dp._HEAD_CRC.size
+    try:
+        header, ndim = dp.parse_header(data[:n])
+        dp._check_header(data[:n], data[n : n + 8 * ndim], header)
+    except dp.FrameError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    kind=st.sampled_from([dp.PUSH, dp.DATA]),
+    codec=st.sampled_from(dp.CODECS),
+    shape=st.lists(st.integers(1, 9), min_size=0, max_size=4).map(tuple),
+    ids=st.tuples(st.integers(-(2**40), 2**40), st.integers(-(2**31), 2**31 - 1)),
+)
+def test_headers_round_trip(kind, codec, shape, ids):
+    block = 64 if codec in ("int8", "int4") else 0
+    plen, slen = dp.expected_lengths(codec, shape, block)
+    h = dp.Header(
+        kind,
+        codec,
+        shape=shape,
+        round_id=ids[0],
+        learner=ids[1],
+        block_size=block,
+        payload_len=plen,
+        scales_len=slen,
+        crc=123,
+    )
+    raw = h.pack()
+    n = dp._HEAD.size + dp._HEAD_CRC.size
+    parsed, ndim = dp.parse_header(raw[:n])
+    assert dp._check_header(raw[:n], raw[n:], parsed) == h and ndim == len(shape)
+
+
+def test_concurrent_pushes_from_many_learners(follower):
+    def push(j):
+        dp.DataPlaneClient(follower.server.address).push(1, j, 0, 0, PARAMS.items())
+
+    threads = [threading.Thread(target=push, args=(j,)) for j in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(follower.pushes) == [(1, j) for j in range(6)]
+    assert follower.server.stats["pushes"] == 6
+
+
+def test_bad_magic_struct_is_named():
+    junk = struct.pack("<4s", b"XXXX") + b"\0" * (dp._HEAD.size + dp._HEAD_CRC.size - 4)
+    with pytest.raises(dp.FrameError, match="bad magic"):
+        dp.parse_header(junk)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "bf16"])
+def test_host_fast_path_is_bit_identical_to_the_library_codec(codec):
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [
+            rng.standard_normal(5000).astype(np.float32),
+            np.array(
+                [0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-45, 3.4e38, 1 + 2**-8, 1 + 3 * 2**-8],
+                np.float32,
+            ),
+            (rng.integers(0, 2**32, 5000, dtype=np.uint64).astype(np.uint32)).view(np.float32),
+        ]
+    )
+    x = x[np.isfinite(x) | np.isinf(x)]  # NaN payload bits are not specified by either
+    payload, _, shape = dp.encode_tensor(x, codec)
+    enc = outer.encode(x, codec)
+    assert bytes(payload) == np.asarray(enc.payload).tobytes()
+    header = dp.Header(dp.DATA, codec, shape=shape)
+    np.testing.assert_array_equal(
+        dp.decode_tensor(header, payload, b""), np.asarray(outer.decode(enc))
+    )

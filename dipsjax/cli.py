@@ -12,6 +12,7 @@ DELEGATED = {
     "goodput": ("dipsjax.sim.goodput", "chip-scale goodput model (Decoupled DiLoCo)"),
     "simulate": ("dipsjax.sim.experiments", "run a simulator experiment (configs/sim_*.py)"),
     "plan": ("dipsjax.model.plan", "parameter count and memory plan of every named model"),
+    "run": ("dipsjax.runtime.run", "leader, followers and learners as processes on this machine"),
 }
 
 

@@ -233,6 +233,37 @@ class BatchStream:
         while (batch := self.next_batch()) is not None:
             yield batch
 
+    def take_round(self, num_steps: int) -> RoundData:
+        """Up to ``num_steps`` batches for one learner round, with what replay needs to
+        draw the same batches again (the start position and the chunks taken) and the chunks
+        the round finished (to report to the ledger). Stops early if the source runs dry."""
+        start = self.position
+        batches, taken, finished = [], [], []
+        for _ in range(num_steps):
+            b = self.next_batch()
+            if b is None:
+                break
+            if self.position.chunks_taken != start.chunks_taken + len(taken):
+                taken.append(b.chunk)
+            batches.append(b.tokens)
+            if b.finished:
+                finished.append(b.chunk)
+        return RoundData(
+            batches, start, tuple(taken), tuple(finished), self.position.tokens - start.tokens
+        )
+
+
+class RoundData(NamedTuple):
+    """One round's batches: ``batches`` (int32 ``[B, L + 1]`` each), the stream ``start``
+    position, the chunk ids ``new_chunks`` taken from the source during the round, the
+    ``finished_chunks``, and the target ``tokens`` drawn (counted at the stream)."""
+
+    batches: list[np.ndarray]
+    start: StreamPosition
+    new_chunks: tuple[int, ...]
+    finished_chunks: tuple[int, ...]
+    tokens: int
+
 
 class EvalBatch(NamedTuple):
     """A validation batch: ``tokens`` ``int32[B, L + 1]`` (PAD past the end) and ``mask``

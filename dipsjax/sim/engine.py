@@ -26,7 +26,7 @@ from dipsjax.data.pipeline import BatchStream
 from dipsjax.learner import Learner
 from dipsjax.sim.cluster import Clock, LocalCluster
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World, pseudo_gradient, wire
+from dipsjax.sim.world import World, pseudo_gradient, push_meta, wire
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
 
@@ -102,37 +102,15 @@ class Engine:
         if adopt is not None:
             sl.learner.pull(adopt[1], version=adopt[0], reset_optimizer=reset)
             sl.base = adopt[1]
-        start = sl.stream.position
-        taken: list[int] = []
-        finished: list[int] = []
-        batches = []
-        for _ in range(self.cfg.inner_steps):
-            b = sl.stream.next_batch()
-            if b is None:
-                break
-            if sl.stream.position.chunks_taken != start.chunks_taken + len(taken):
-                taken.append(b.chunk)
-            batches.append(b.tokens)
-            if b.finished:
-                finished.append(b.chunk)
+        data = sl.stream.take_round(self.cfg.inner_steps)
+        batches = data.batches
         if not batches:
             return  # no chunk to lease now: this learner idles
-        drawn = sl.stream.position.tokens - start.tokens
+        drawn = data.tokens
         sl.consumed += drawn
         contrib = sl.learner.run_round(batches, num_steps=len(batches), reference="start")
         dt = self.world.train_time(sl.j, contrib.steps)
-        meta = m.PushMeta(
-            tokens=contrib.tokens,
-            steps=contrib.steps,
-            base_version=contrib.base_version,
-            incarnation=sl.incarnation,
-            train_seconds=dt,
-            pulled=adopt is not None,
-            start_chunk=start.chunk,
-            start_offset=start.offset,
-            new_chunks=tuple(taken),
-            finished_chunks=tuple(finished),
-        )
+        meta = push_meta(contrib, data, sl.incarnation, dt, pulled=adopt is not None)
         delta = pseudo_gradient(self.reference, contrib, sl.learner, sl.base)
         sl.pending = (meta, wire(self.cfg, delta))
         sl.training = (t, dt, drawn)

@@ -28,6 +28,7 @@ from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.learner.round import evaluate
 from dipsjax.model.configs import get_config
 from dipsjax.sim.config import WIRE_BYTES, SimConfig
+from dipsjax.syncer.messages import PushMeta
 from dipsjax.syncer.schedule import assign_layers
 
 
@@ -169,6 +170,24 @@ def pseudo_gradient(reference: str, contrib: Any, learner: Learner, base: Any) -
     if reference != "server":
         return contrib.delta
     return jax.tree.map(lambda b, e: jnp.asarray(b, jnp.float32) - e, base, learner.params_dict())
+
+
+def push_meta(
+    contrib: Any, data: Any, incarnation: int, train_seconds: float, *, pulled: bool
+) -> PushMeta:
+    """What a learner reports with its push, from its contribution and the round's data."""
+    return PushMeta(
+        tokens=contrib.tokens,
+        steps=contrib.steps,
+        base_version=contrib.base_version,
+        incarnation=incarnation,
+        train_seconds=train_seconds,
+        pulled=pulled,
+        start_chunk=data.start.chunk,
+        start_offset=data.start.offset,
+        new_chunks=data.new_chunks,
+        finished_chunks=data.finished_chunks,
+    )
 
 
 def wire(cfg: SimConfig, payload: dict) -> dict:

@@ -39,6 +39,7 @@ import queue
 import socket
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -508,14 +509,25 @@ class DataPlaneServer:
 class DataPlaneClient:
     """A learner's connection to one follower's data plane."""
 
-    def __init__(self, address: tuple[str, int], *, timeout: float = 60.0) -> None:
+    def __init__(
+        self, address: tuple[str, int], *, timeout: float = 60.0, connect_timeout: float = 60.0
+    ) -> None:
         self.address = tuple(address)
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
-            sock = socket.create_connection(self.address, timeout=self.timeout)
+            deadline = time.monotonic() + self.connect_timeout
+            while True:  # the follower may still be starting
+                try:
+                    sock = socket.create_connection(self.address, timeout=self.timeout)
+                    break
+                except ConnectionRefusedError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
         return self._sock

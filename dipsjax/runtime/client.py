@@ -1,0 +1,70 @@
+"""What learners and followers share: the control-plane client and the model's layout."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.syncer import messages as m
+from dipsjax.transport import control_codec as codec
+from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+
+class ControlError(RuntimeError):
+    """The leader refused a call (its message says why)."""
+
+
+class ControlClient:
+    """A process's connection to the leader: ``call`` an event, ``watch`` its actions."""
+
+    def __init__(self, spec: RunSpec, *, learner: int | None = None, follower: int | None = None):
+        self.spec = spec
+        self.peer = {"learner": learner} if learner is not None else {"follower": follower}
+        self.channel = grpc.insecure_channel(spec.leader)
+        self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
+        self.lock = threading.Lock()
+
+    def call(self, event: m.Event, timeout: float = 30.0) -> list[m.Action]:
+        """Sends one event; returns the actions addressed to the caller in the reply."""
+        env = codec.to_proto(event, job_token=self.spec.token)
+        reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True)
+        if reply.error:
+            raise ControlError(reply.error)
+        return [codec.from_proto(a) for a in reply.actions]
+
+    def watch(self, incarnation: int = 0) -> Iterator[m.Action]:
+        """The actions the leader routes to this process, as they come."""
+        req = syncer_pb2.WatchRequest(
+            job_token=self.spec.token, incarnation=incarnation, **self.peer
+        )
+        for env in self.stub.Watch(req, wait_for_ready=True):
+            yield codec.from_proto(env)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def model_layout(spec: RunSpec) -> tuple[list[tuple[str, ...]], dict[str, Any]]:
+    """Tensor paths in flattened order (tensor ids) and the initial parameters (host arrays),
+    exactly as the simulator's world makes them (same config, same seed)."""
+    import jax
+
+    from dipsjax import outer
+    from dipsjax.learner import InnerOptimizerConfig, Learner
+    from dipsjax.model.configs import get_config
+
+    cfg = spec.sim
+    learner = Learner(
+        get_config(cfg.model),
+        InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
+        mesh=None,
+        learner_id="init",
+        seed=cfg.seed,
+        donate=False,
+    )
+    params = jax.device_get(learner.params_dict())
+    return list(outer.flatten(params)), params

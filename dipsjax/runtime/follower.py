@@ -1,0 +1,131 @@
+"""A follower process: its shard of the model and FP32 outer state, a data-plane server for
+pushes and pulls, and a control client that carries out the leader's decisions.
+
+The numerics are :class:`dipsjax.syncer.Follower`'s (the simulator's, unchanged); this
+module only moves bytes and messages: pushes arrive on the data plane (whole, checked) and
+are staged; ``RequestNorms`` / ``Decide`` / ``Apply`` / ``Discard`` arrive on the ``Watch``
+stream and are answered with ``FollowerNorms`` / ``FollowerMerged`` / ``FollowerApplied``.
+Pulls are served from version snapshots while the next round's pushes arrive.
+
+Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dipsjax import outer
+from dipsjax.runtime.client import ControlClient, model_layout
+from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.syncer import messages as m
+from dipsjax.syncer import methods
+from dipsjax.syncer.follower import Follower
+from dipsjax.transport.dataplane import DataPlaneServer
+
+
+class FollowerNode:
+    """Follower ``k`` of a run: numerics, data plane and control client."""
+
+    def __init__(self, spec: RunSpec, k: int) -> None:
+        self.spec, self.k = spec, k
+        self.paths, init = model_layout(spec)
+        self.mine = [i for i, owner in enumerate(spec.layer_owner) if owner == k]
+        flat = outer.flatten(init)
+        shard = outer.unflatten({self.paths[i]: flat[self.paths[i]] for i in self.mine})
+        method = methods.build(
+            spec.sim.method, spec.sim.method_settings(spec.layer_owner, len(spec.followers))
+        )
+        self.follower = Follower(
+            k,
+            shard,
+            method.make_tx(),
+            capacity=spec.sim.learners,
+            reference=method.reference,
+            version_cache=spec.sim.version_cache,
+        )
+        self.lock = threading.Lock()
+        self.control = ControlClient(spec, follower=k)
+        host, port = address(spec.followers[k])
+        self.data = DataPlaneServer(self.on_push, self.on_pull, host=host, port=port)
+
+    def on_push(
+        self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
+    ) -> None:
+        if sorted(tensors) != self.mine:
+            raise ValueError(
+                f"follower {self.k} holds tensors {self.mine[:4]}..., got {sorted(tensors)[:4]}..."
+            )
+        tree = outer.unflatten({self.paths[i]: x for i, x in tensors.items()})
+        with self.lock:
+            self.follower.receive(round_id, learner, tree)
+
+    def on_pull(self, version: int) -> tuple[int, dict[int, Any]]:
+        with self.lock:
+            v, shard = self.follower.pull(None if version < 0 else version)
+        flat = outer.flatten(shard)
+        return v, {i: np.asarray(flat[self.paths[i]]) for i in self.mine}
+
+    def handle(self, action: m.Action) -> bool:
+        """Carries out one decision; returns False on Stop."""
+        f, k = self.follower, self.k
+        with self.lock:
+            if isinstance(action, m.RequestNorms):
+                g = f.partial_norms(action.round_id, action.learners, action.base_versions)
+                reply: m.Event | None = m.FollowerNorms(
+                    0.0, k, action.round_id, tuple(float(x) for x in g)
+                )
+            elif isinstance(action, m.Decide):
+                reply = m.FollowerMerged(0.0, k, action.round_id, f.merged_partial(action))
+            elif isinstance(action, m.Apply):
+                v = f.apply(f.decisions[action.round_id], action)
+                reply = m.FollowerApplied(0.0, k, action.round_id, v)
+            elif isinstance(action, m.Discard):
+                f.discard(action.round_id)
+                reply = None
+            elif isinstance(action, m.Stop):
+                return False
+            else:
+                reply = None
+        if reply is not None:
+            self.control.call(reply)
+        return True
+
+    def save_final(self) -> Path:
+        """The shard's newest version as ``RUN_DIR/follower{k}/final.npz`` (tensor paths as
+        keys joined by ``/``, plus ``__version__``)."""
+        with self.lock:
+            v, shard = self.follower.pull()
+        out = Path(self.spec.run_dir) / f"follower{self.k}"
+        out.mkdir(parents=True, exist_ok=True)
+        arrays = {"/".join(p): np.asarray(x) for p, x in outer.flatten(shard).items()}
+        np.savez(out / "final.npz", __version__=np.asarray(v), **arrays)
+        return out / "final.npz"
+
+    def run(self) -> None:
+        self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
+        try:
+            for action in self.control.watch():
+                if not self.handle(action):
+                    break
+            self.save_final()
+        finally:
+            self.data.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dipsjax-follower", description=__doc__)
+    parser.add_argument("spec")
+    parser.add_argument("index", type=int)
+    args = parser.parse_args(argv)
+    FollowerNode(RunSpec.read(args.spec), args.index).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

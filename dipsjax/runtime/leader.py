@@ -1,0 +1,227 @@
+"""The leader process: an asyncio gRPC control server around the sans-IO :class:`Leader`.
+
+It decides nothing itself: each ``Call`` carries one event, stamped here with the leader's
+clock (``time.monotonic``), handed to :meth:`Leader.handle`; the actions that come back are
+routed to the processes they address, on the ``Watch`` stream each process keeps open:
+
+* learners: ``SendModel``, ``PushShards``, ``NotifyPull``, ``Evict``, ``Refuse``;
+* followers: ``RequestNorms``, ``Decide``, ``Apply``, ``Discard``;
+* everyone: ``Stop``; the caller, in the reply: ``GrantChunk``;
+* this process: ``WakeAt`` (a timer feeding ``Tick``), plus a ``Tick`` every second.
+
+Every call must carry the job's credential. After every event the leader's state is
+written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape records are appended to
+``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
+
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import grpc
+
+from dipsjax.data.ledger import new_ledger
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.syncer import messages as m
+from dipsjax.syncer import methods
+from dipsjax.syncer.leader import Leader
+from dipsjax.transport import control_codec as codec
+from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
+
+
+def recipients(action: m.Action) -> list[tuple[str, int]]:
+    """Who an action goes to: ``("learner", j)`` / ``("follower", k)`` / ``("all", -1)``."""
+    if isinstance(action, m.NotifyPull):
+        return [("learner", j) for j in action.learners]
+    if isinstance(action, m.SendModel | m.PushShards | m.Evict | m.Refuse | m.GrantChunk):
+        return [("learner", action.learner)]
+    if isinstance(action, TO_FOLLOWERS):
+        return [("followers", -1)]
+    if isinstance(action, m.Stop):
+        return [("all", -1)]
+    return []
+
+
+class LeaderNode:
+    """The leader's state, its routing and persistence (used by the gRPC service)."""
+
+    def __init__(self, spec: RunSpec, leader: Leader | None = None) -> None:
+        self.spec = spec
+        if leader is None:
+            method = methods.build(
+                spec.sim.method,
+                spec.sim.method_settings(spec.layer_owner, len(spec.followers)),
+            )
+            leader = Leader(
+                method.leader, method.grace, data=new_ledger(spec.num_chunks, seed=spec.sim.seed)
+            )
+        self.leader = leader
+        self.queues: dict[tuple[str, int], asyncio.Queue] = {}
+        self.pending: dict[tuple[str, int], list] = defaultdict(list)
+        self.t0 = time.monotonic()
+        self.dir = Path(spec.run_dir)
+        (self.dir / "leader").mkdir(parents=True, exist_ok=True)
+        self.tape_path = self.dir / "tape.jsonl"
+        self.taped = len(self.leader.tape.records)
+        self.stopped = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def handle(self, event: m.Event) -> list[m.Action]:
+        """One event through the core; routes and persists what it produced."""
+        event = dataclasses.replace(event, t=self.now())  # the leader's clock, not the sender's
+        actions = self.leader.handle(event)
+        replies = []
+        for a in actions:
+            if isinstance(a, m.WakeAt):
+                assert self.loop is not None
+                delay = max(a.t - self.now(), 0.0)
+                self.loop.call_later(delay, self._tick)
+            if isinstance(a, m.GrantChunk):
+                replies.append(a)
+            for who in recipients(a):
+                self._route(who, a)
+            if isinstance(a, m.Stop):
+                self.stopped.set()
+        self._persist()
+        return replies
+
+    def _tick(self) -> None:
+        if not self.leader.stopped:
+            self.handle(m.Tick(0.0))
+
+    def _route(self, who: tuple[str, int], action: m.Action) -> None:
+        if who[0] == "followers":
+            targets = [("follower", k) for k in range(len(self.spec.followers))]
+        elif who[0] == "all":
+            targets = list(self.queues) + [("follower", k) for k in range(len(self.spec.followers))]
+        else:
+            targets = [who]
+        env = codec.to_proto(action)
+        for target in dict.fromkeys(targets):
+            q = self.queues.get(target)
+            if q is None:
+                self.pending[target].append(env)  # delivered when it watches
+            else:
+                q.put_nowait(env)
+
+    def watch(self, who: tuple[str, int]) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue()
+        for env in self.pending.pop(who, []):
+            q.put_nowait(env)
+        self.queues[who] = q
+        return q
+
+    def _persist(self) -> None:
+        snap = self.dir / "leader" / "snapshot.json"
+        tmp = snap.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.leader.snapshot(), allow_nan=False))
+        os.replace(tmp, snap)  # atomic
+        records = self.leader.tape.records[self.taped :]
+        if records:
+            with self.tape_path.open("a") as f:
+                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            self.taped += len(records)
+        status = {
+            "t": self.now(),
+            "version": self.leader.version,
+            "rounds": self.leader.next_round_id,
+            "phase": self.leader.phase.value,
+            "members": sorted(self.leader.members),
+            "tokens": self.leader.ledger.totals(),
+            "stopped": self.leader.stopped,
+        }
+        (self.dir / "leader" / "status.json").write_text(json.dumps(status))
+
+
+class SyncerService(syncer_pb2_grpc.SyncerServicer):
+    """``Call``: one event in, the caller's replies out. ``Watch``: a process's actions."""
+
+    def __init__(self, node: LeaderNode) -> None:
+        self.node = node
+
+    def _authorized(self, token: str) -> bool:
+        return token == self.node.spec.token
+
+    async def Call(self, request, context):
+        if not self._authorized(request.job_token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
+        try:
+            event = codec.from_proto(request)
+        except ValueError as e:
+            return syncer_pb2.Replies(error=f"malformed message: {e}")
+        if not isinstance(event, m.Event):
+            return syncer_pb2.Replies(error=f"{type(event).__name__} is not an event")
+        try:
+            replies = self.node.handle(event)
+        except (ValueError, TypeError) as e:
+            return syncer_pb2.Replies(error=str(e))
+        return syncer_pb2.Replies(actions=[codec.to_proto(a) for a in replies])
+
+    async def Watch(self, request, context):
+        if not self._authorized(request.job_token):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
+        kind = request.WhichOneof("peer")
+        if kind is None:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "watch: name a learner or follower"
+            )
+        q = self.node.watch((kind, getattr(request, kind)))
+        while True:
+            env = await q.get()
+            yield env
+            if env.WhichOneof("message") == "stop":
+                return
+
+
+async def serve(spec: RunSpec) -> None:
+    node = LeaderNode(spec)
+    node.loop = asyncio.get_running_loop()
+    server = grpc.aio.server()
+    syncer_pb2_grpc.add_SyncerServicer_to_server(SyncerService(node), server)
+    host, _, port = spec.leader.rpartition(":")
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        node.loop.add_signal_handler(sig, node.stopped.set)
+
+    async def ticks() -> None:
+        while not node.stopped.is_set():
+            await asyncio.sleep(1.0)
+            node._tick()
+
+    ticker = asyncio.create_task(ticks())
+    await node.stopped.wait()
+    await asyncio.sleep(1.0)  # let the watch streams deliver Stop
+    ticker.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ticker
+    await server.stop(grace=2.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
+    parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
+    args = parser.parse_args(argv)
+    asyncio.run(serve(RunSpec.read(args.spec)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

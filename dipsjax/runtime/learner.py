@@ -1,0 +1,223 @@
+"""A learner process: one partition's JAX inner loop, pushing to and pulling from followers.
+
+The learner joins, pulls one complete model of one version from every follower (data
+plane), then loops: draw ``H`` batches (chunks leased from the leader), train, report
+``PushRequested``, stream its tensors to the followers in the order of the leader's
+``PushShards`` plan, report ``TransferDone``, wait for ``NotifyPull`` and pull the new
+version (Di-PS: a round's learners pull, the others keep training). A per-learner slowdown
+(``spec.sim.speeds[j]``) sleeps ``(speed - 1)`` times the measured training time, to make
+learners of different speeds on one machine. It sends a heartbeat every
+``spec.heartbeat_interval`` seconds from a thread, so a long round never looks like a death.
+
+The learner's arithmetic is the simulator's (:mod:`dipsjax.sim.world`: the same learner,
+batches, pseudo-gradient and wire codec), so a run's tape replays through
+:func:`dipsjax.sim.replay.replay`.
+
+Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import queue
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+
+from dipsjax import outer
+from dipsjax.data import ByteTokenizer, train_chunks
+from dipsjax.data.pipeline import BatchStream
+from dipsjax.learner import InnerOptimizerConfig, Learner
+from dipsjax.model.configs import get_config
+from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.sim.world import pseudo_gradient, push_meta
+from dipsjax.syncer import messages as m
+from dipsjax.syncer import methods
+from dipsjax.transport.dataplane import DataPlaneClient
+
+
+class Stopped(Exception):
+    """The leader stopped the job (or evicted this learner for good)."""
+
+
+class LearnerNode:
+    """Learner ``j`` of a run (see module docstring)."""
+
+    def __init__(self, spec: RunSpec, j: int, incarnation: int = 0) -> None:
+        self.spec, self.j, self.incarnation = spec, j, incarnation
+        cfg = spec.sim
+        self.reference = methods.build(cfg.method).reference
+        self.learner = Learner(
+            get_config(cfg.model),
+            InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
+            mesh=None,
+            learner_id=j,
+            seed=cfg.seed,
+            donate=False,
+        )
+        self.paths = list(outer.flatten(jax.device_get(self.learner.params_dict())))
+        chunks = train_chunks(
+            cfg.corpus,
+            chunk_len=cfg.chunk_len,
+            tokenizer=ByteTokenizer(),
+            validation_doc=cfg.validation_doc,
+        )
+        self.stream = BatchStream(
+            chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.lease
+        )
+        self.control = ControlClient(spec, learner=j)
+        self.data = [DataPlaneClient(address(a)) for a in spec.followers]
+        self.actions: queue.Queue = queue.Queue()
+        self.base: Any = None
+        self.stop = threading.Event()
+        self.rounds = 0
+
+    # -- control ---------------------------------------------------------------------
+
+    def lease(self) -> int | None:
+        for a in self.control.call(m.ChunkRequested(0.0, self.j)):
+            if isinstance(a, m.GrantChunk):
+                return a.chunk
+        return None
+
+    def _watch(self) -> None:
+        try:
+            for a in self.control.watch(self.incarnation):
+                self.actions.put(a)
+                if isinstance(a, m.Stop):
+                    return
+        except Exception as e:  # the leader went away: the main loop sees it
+            self.actions.put(e)
+
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(self.spec.heartbeat_interval):
+            with contextlib.suppress(Exception):  # a missed beat is the leader's to judge
+                self.control.call(m.Heartbeat(0.0, self.j), timeout=5.0)
+
+    def wait_for(self, *kinds: type) -> m.Action:
+        while True:
+            a = self.actions.get()
+            if isinstance(a, Exception):
+                raise Stopped(f"control stream lost: {a}")
+            if isinstance(a, m.Stop):
+                raise Stopped(a.reason)
+            if isinstance(a, kinds):
+                return a
+
+    # -- data ------------------------------------------------------------------------
+
+    def pull(self, version: int) -> tuple[int, dict]:
+        """One complete model of one version, from every follower at once."""
+        results: list[Any] = [None] * len(self.data)
+
+        def one(k: int) -> None:
+            try:
+                results[k] = self.data[k].pull(version, codec="fp32")
+            except Exception as e:
+                results[k] = e
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(self.data))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        versions = {v for v, _ in results}
+        if versions != {version}:
+            raise RuntimeError(f"pulled versions {versions}, wanted {version}")
+        flat = {self.paths[i]: x for _, tensors in results for i, x in tensors.items()}
+        return version, outer.unflatten(flat)
+
+    def push(self, plan: m.PushShards, delta: dict) -> None:
+        flat = outer.flatten(jax.device_get(delta))
+        by_follower: dict[int, list] = {}
+        for tr in plan.transfers:  # in the plan's order
+            by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
+        base = self.learner.version
+        errors: list[Exception] = []
+
+        def one(k: int) -> None:
+            try:
+                self.data[k].push(
+                    plan.round_id,
+                    self.j,
+                    self.incarnation,
+                    base,
+                    by_follower[k],
+                    codec=self.spec.sim.wire,
+                )
+            except Exception as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in sorted(by_follower)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    def adopt(self, version: int, first: bool) -> None:
+        v, params = self.pull(version)
+        self.learner.pull(params, version=v, reset_optimizer=first)
+        self.base = params
+        self.control.call(m.PullDone(0.0, self.j, v))
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        threading.Thread(target=self._watch, daemon=True).start()
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        try:
+            self.control.call(m.Join(0.0, self.j, self.incarnation))
+            self.adopt(self.wait_for(m.SendModel).version, first=True)
+            speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
+            while True:
+                data = self.stream.take_round(self.spec.sim.inner_steps)
+                if not data.batches:
+                    time.sleep(0.5)  # no chunk to lease now
+                    continue
+                t0 = time.perf_counter()
+                contrib = self.learner.run_round(
+                    data.batches, num_steps=len(data.batches), reference="start"
+                )
+                delta = pseudo_gradient(self.reference, contrib, self.learner, self.base)
+                delta = jax.block_until_ready(delta)
+                took = time.perf_counter() - t0
+                time.sleep((speed - 1.0) * took)
+                meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=True)
+                self.control.call(m.PushRequested(0.0, self.j, meta))
+                a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
+                if not isinstance(a, m.PushShards):
+                    raise Stopped(f"{type(a).__name__}: {a.reason}")
+                self.push(a, delta)
+                self.control.call(m.TransferDone(0.0, self.j, a.round_id))
+                self.adopt(self.wait_for(m.NotifyPull).version, first=False)
+                self.rounds += 1
+        except Stopped as e:
+            print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
+        finally:
+            self.stop.set()
+            for c in self.data:
+                c.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dipsjax-learner", description=__doc__)
+    parser.add_argument("spec")
+    parser.add_argument("index", type=int)
+    parser.add_argument("--incarnation", type=int, default=0)
+    args = parser.parse_args(argv)
+    LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""``dipsjax run [CONFIG]``: a leader, followers and learners as processes on this machine.
+
+Starts ``python -m dipsjax.runtime.{leader,follower,learner}`` with the run's
+:class:`~dipsjax.runtime.spec.RunSpec` (free ports, a fresh job credential), one log file
+per process under ``RUN_DIR/logs/``, learners pinned round-robin to the cores. Shows the
+leader's progress every few seconds, waits for the token budget, and ends with a summary of
+the event tape (``RUN_DIR/tape.jsonl``). Ctrl-C (or SIGTERM) stops every process it
+started, cleanly, within seconds.
+
+Run: ``.venv/bin/dipsjax run`` (``configs/quickstart.py``; ``--method``, ``--arg ci``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.sim.config import SimConfig
+from dipsjax.syncer.tape import EventTape
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 2.0) -> RunSpec:
+    """The run's spec: ports, credential, the followers' layers and the corpus's chunks."""
+    import numpy as np
+
+    from dipsjax import outer
+    from dipsjax.data import ByteTokenizer, train_chunks
+    from dipsjax.runtime.client import model_layout
+    from dipsjax.syncer.schedule import assign_layers
+
+    probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval)
+    paths, params = model_layout(probe)
+    flat = outer.flatten(params)
+    sizes = [4 * int(np.prod(np.shape(flat[p]))) for p in paths]
+    n_followers = min(sim.followers, len(paths))
+    chunks = train_chunks(
+        sim.corpus,
+        chunk_len=sim.chunk_len,
+        tokenizer=ByteTokenizer(),
+        validation_doc=sim.validation_doc,
+    )
+    return RunSpec(
+        sim=sim,
+        leader=f"127.0.0.1:{free_port()}",
+        followers=tuple(f"127.0.0.1:{free_port()}" for _ in range(n_followers)),
+        token=secrets.token_hex(16),
+        run_dir=str(run_dir),
+        layer_owner=assign_layers(sizes, n_followers),
+        num_chunks=int(chunks.shape[0]),
+        heartbeat_interval=heartbeat_interval,
+    )
+
+
+class Processes:
+    """The processes of one run; stops them all, whatever happens."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.logs = Path(spec.run_dir) / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, module: str, *args: str, core: int | None = None) -> None:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", module, str(Path(self.spec.run_dir) / "spec.json"), *args]
+        log = (self.logs / f"{name}.log").open("w")
+        cores = os.sched_getaffinity(0)
+        pin = None if core is None else {sorted(cores)[core % len(cores)]}
+        self.procs[name] = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # our Ctrl-C handling stops them, in order
+        )
+        if pin:
+            os.sched_setaffinity(self.procs[name].pid, pin)
+
+    def failed(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def final_params(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The model the followers ended with (their ``final.npz`` shards, merged)."""
+    import numpy as np
+
+    from dipsjax import outer
+
+    flat, versions = {}, set()
+    for path in sorted(run_dir.glob("follower*/final.npz")):
+        with np.load(path) as z:
+            versions.add(int(z["__version__"]))
+            flat.update({tuple(k.split("/")): z[k] for k in z.files if k != "__version__"})
+    if len(versions) != 1:
+        raise ValueError(f"followers ended at different versions {sorted(versions)}")
+    return versions.pop(), outer.unflatten(flat)
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    tape_path = run_dir / "tape.jsonl"
+    tape = EventTape.read(tape_path) if tape_path.exists() else EventTape()
+    rounds = tape.round_records()
+    return {
+        "rounds": len(rounds),
+        "applied": sum(r.applied for r in rounds),
+        "version": max((r.version for r in rounds), default=0),
+        "accepted": sum(sum(r.accepted) for r in rounds),
+        "rejected": sum(len(r.accepted) - sum(r.accepted) for r in rounds),
+        "tokens": sum(p.tokens for r in rounds for p in r.participants),
+        "participants_per_round": [len(r.participants) for r in rounds],
+    }
+
+
+def launch(spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True) -> dict[str, Any]:
+    """Runs the job described by ``spec`` to its token budget; returns the tape's summary."""
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec.write(run_dir / "spec.json")
+    procs = Processes(spec)
+    status_path = run_dir / "leader" / "status.json"
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    t0 = time.monotonic()
+    try:
+        procs.start("leader", "dipsjax.runtime.leader")
+        for k in range(len(spec.followers)):
+            procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k))
+        for j in range(spec.sim.learners):
+            procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), core=j)
+        pids = {name: p.pid for name, p in procs.procs.items()}
+        (run_dir / "pids.json").write_text(json.dumps(pids))
+        last = 0.0
+        while procs.procs["leader"].poll() is None:
+            time.sleep(0.5)
+            if procs.failed():
+                raise RuntimeError(f"{procs.failed()} exited with an error; see {procs.logs}")
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")
+            if progress and time.monotonic() - last > 5 and status_path.exists():
+                last = time.monotonic()
+                try:
+                    st = json.loads(status_path.read_text())
+                except ValueError:
+                    continue
+                print(
+                    f"[{time.monotonic() - t0:6.1f}s] version {st['version']} rounds "
+                    f"{st['rounds']} phase {st['phase']} members {st['members']} tokens "
+                    f"{st['tokens']['reported']}",
+                    flush=True,
+                )
+        for p in procs.procs.values():  # everyone got Stop: let them finish
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                break
+    finally:
+        procs.stop()
+        signal.signal(signal.SIGTERM, previous)
+    summary = summarize(run_dir)
+    summary["wall_seconds"] = time.monotonic() - t0
+    summary["pids"] = {name: p.pid for name, p in procs.procs.items()}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dipsjax.sim.experiments import load_experiment
+
+    parser = argparse.ArgumentParser(
+        prog="dipsjax run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("config", nargs="?", default="quickstart")
+    parser.add_argument("--arg", default=None, help="argument to get_config (e.g. 'ci')")
+    parser.add_argument("--method", default=None, help="dips, decoupled, sync_diloco, naive_async")
+    parser.add_argument("--out", default=None, help="run folder (default runs/NAME-TIME)")
+    args = parser.parse_args(argv)
+    cfg = load_experiment(args.config, args.arg)
+    fields = dict(cfg.sim)
+    if args.method:
+        fields["method"] = args.method
+    fields["speeds"] = tuple(fields.get("speeds", ()))
+    try:
+        sim = SimConfig(**fields)
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
+    run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 2.0))
+    print(
+        f"run {run_dir}: {sim.method}, {sim.learners} learners, {len(spec.followers)} "
+        f"followers, budget {sim.token_budget} tokens",
+        flush=True,
+    )
+    try:
+        summary = launch(spec)
+    except KeyboardInterrupt:
+        print("stopped: every process was ended", flush=True)
+        return 130
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""What every process of a run is told: the experiment, the addresses, the credential.
+
+A :class:`RunSpec` is written to ``RUN_DIR/spec.json`` by the launcher and read by the
+leader, the followers and the learners. The experiment itself is a
+:class:`~dipsjax.sim.config.SimConfig` (model, data, method, outer settings, per-learner
+slowdowns in ``speeds``), so that a run can be replayed through the simulator's
+:func:`~dipsjax.sim.replay.replay` and compared with a simulation of the same settings.
+No JAX here: the leader process reads this too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from dipsjax.sim.config import SimConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One run's processes and where they are.
+
+    Attributes:
+      sim: the experiment (method, model, data, outer settings; ``speeds`` are per-learner
+        slowdown factors: a learner with speed 2 takes twice its measured step time).
+      leader: ``host:port`` of the leader's gRPC control server.
+      followers: ``host:port`` of each follower's data plane.
+      token: the job's credential (never logged).
+      run_dir: where every role writes its logs, tape and checkpoints.
+      layer_owner: follower of each tensor (flattened parameter order).
+      num_chunks: chunks of the training corpus (the leader's chunk ledger).
+      heartbeat_interval: seconds between heartbeats (eviction after 3 missed).
+    """
+
+    sim: SimConfig
+    leader: str
+    followers: tuple[str, ...]
+    token: str
+    run_dir: str
+    layer_owner: tuple[int, ...]
+    num_chunks: int
+    heartbeat_interval: float = 2.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunSpec:
+        d = dict(d)
+        sim = dict(d["sim"])
+        for key in ("speeds", "bandwidth_gbps", "failures", "joins", "leaves"):
+            sim[key] = tuple(tuple(x) if isinstance(x, list) else x for x in sim[key])
+        d["sim"] = SimConfig(**sim)
+        d["followers"] = tuple(d["followers"])
+        d["layer_owner"] = tuple(d["layer_owner"])
+        return cls(**d)
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def read(cls, path: str | Path) -> RunSpec:
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def address(host_port: str) -> tuple[str, int]:
+    host, _, port = host_port.rpartition(":")
+    return host, int(port)

@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tensorboardX import SummaryWriter
 
 from dipsjax import outer
 from dipsjax.runtime.client import ControlClient, model_layout
@@ -50,6 +52,7 @@ class FollowerNode:
             version_cache=spec.sim.version_cache,
         )
         self.lock = threading.Lock()
+        self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"follower{k}"))
         self.control = ControlClient(spec, follower=k)
         host, port = address(spec.followers[k])
         self.data = DataPlaneServer(self.on_push, self.on_pull, host=host, port=port)
@@ -83,7 +86,11 @@ class FollowerNode:
             elif isinstance(action, m.Decide):
                 reply = m.FollowerMerged(0.0, k, action.round_id, f.merged_partial(action))
             elif isinstance(action, m.Apply):
+                t0 = time.perf_counter()
                 v = f.apply(f.decisions[action.round_id], action)
+                self.tb.add_scalar("follower/apply_s", time.perf_counter() - t0, v)
+                if v % self.spec.sim.eval_every == 0:
+                    self.save(f"v{v}")
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
             elif isinstance(action, m.Discard):
                 f.discard(action.round_id)
@@ -96,16 +103,15 @@ class FollowerNode:
             self.control.call(reply)
         return True
 
-    def save_final(self) -> Path:
-        """The shard's newest version as ``RUN_DIR/follower{k}/final.npz`` (tensor paths as
-        keys joined by ``/``, plus ``__version__``)."""
-        with self.lock:
-            v, shard = self.follower.pull()
+    def save(self, name: str) -> Path:
+        """The shard's newest version as ``RUN_DIR/follower{k}/NAME.npz`` (tensor paths as
+        keys joined by ``/``, plus ``__version__``): what the launcher evaluates."""
+        v, shard = self.follower.pull()
         out = Path(self.spec.run_dir) / f"follower{self.k}"
         out.mkdir(parents=True, exist_ok=True)
         arrays = {"/".join(p): np.asarray(x) for p, x in outer.flatten(shard).items()}
-        np.savez(out / "final.npz", __version__=np.asarray(v), **arrays)
-        return out / "final.npz"
+        np.savez(out / f"{name}.npz", __version__=np.asarray(v), **arrays)
+        return out / f"{name}.npz"
 
     def run(self) -> None:
         self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
@@ -113,7 +119,9 @@ class FollowerNode:
             for action in self.control.watch():
                 if not self.handle(action):
                     break
-            self.save_final()
+            with self.lock:
+                self.save("final")
+            self.tb.close()
         finally:
             self.data.close()
 

@@ -79,6 +79,7 @@ class LeaderNode:
         self.taped = len(self.leader.tape.records)
         self.stopped = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.tb = _writer(self.dir / "tb" / "leader")
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -138,16 +139,70 @@ class LeaderNode:
             with self.tape_path.open("a") as f:
                 f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
             self.taped += len(records)
-        status = {
+            for r in records:
+                if r["kind"] == "round":
+                    self._log_round(r)
+        (self.dir / "leader" / "status.json").write_text(json.dumps(self.status()))
+
+    def status(self) -> dict:
+        """What ``dipsjax run`` shows while training (and ``dipsjax status`` will)."""
+        ld = self.leader
+        rnd = ld.round
+        in_round = {p.learner for p in rnd.pushes} if rnd is not None else set()
+        waiting = {p.learner for p in ld.waiting}
+        pulling = set(rnd.pulling) if rnd is not None else set()
+        learners = {}
+        for j, member in sorted(ld.members.items()):
+            if not member.active:
+                state = "joining"
+            elif j in pulling:
+                state = "pulling"
+            elif j in in_round:
+                state = f"in round {rnd.round_id}"
+            elif j in waiting:
+                state = "waiting"
+            else:
+                state = "training"
+            learners[str(j)] = {
+                "state": state,
+                "tokens": ld.ledger.reported.get(j, 0),
+                "accepted": ld.clock.get(j, 0),
+                "incarnation": member.incarnation,
+            }
+        return {
             "t": self.now(),
-            "version": self.leader.version,
-            "rounds": self.leader.next_round_id,
-            "phase": self.leader.phase.value,
-            "members": sorted(self.leader.members),
-            "tokens": self.leader.ledger.totals(),
-            "stopped": self.leader.stopped,
+            "version": ld.version,
+            "rounds": ld.next_round_id,
+            "phase": ld.phase.value,
+            "members": sorted(ld.members),
+            "learners": learners,
+            "tokens": ld.ledger.totals(),
+            "budget": ld.config.token_budget,
+            "stopped": ld.stopped,
         }
-        (self.dir / "leader" / "status.json").write_text(json.dumps(status))
+
+    def _log_round(self, r: dict) -> None:
+        tm = r["timings"]
+        step = r["version"]
+        self.tb.add_scalar("round/participants", len(r["participants"]), step)
+        self.tb.add_scalar("round/accepted", sum(r["accepted"]), step)
+        self.tb.add_scalar("round/grace_s", r["grace"], step)
+        if isinstance(r.get("clip_factor"), float):
+            self.tb.add_scalar("round/clip_factor", r["clip_factor"], step)
+        for name, a, b in (
+            ("push", "opened", "transfers_done"),
+            ("update", "norms", "applied"),
+            ("pull", "applied", "ended"),
+        ):
+            if isinstance(tm.get(a), float) and isinstance(tm.get(b), float):
+                self.tb.add_scalar(f"phase/{name}_s", tm[b] - tm[a], step)
+        self.tb.flush()
+
+
+def _writer(path: Path):
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(str(path))
 
 
 class SyncerService(syncer_pb2_grpc.SyncerServicer):

@@ -24,9 +24,12 @@ import queue
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
+from tensorboardX import SummaryWriter
 
 from dipsjax import outer
 from dipsjax.data import ByteTokenizer, train_chunks
@@ -76,6 +79,7 @@ class LearnerNode:
         self.base: Any = None
         self.stop = threading.Event()
         self.rounds = 0
+        self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
 
     # -- control ---------------------------------------------------------------------
 
@@ -172,7 +176,18 @@ class LearnerNode:
 
     # -- the loop ----------------------------------------------------------------------
 
+    def warm_up(self) -> None:
+        """Compiles the inner step on a throwaway copy before joining, so that compile time
+        never counts as training time (the slowdown multiplies measured training time)."""
+        inner, cfg = self.learner.inner, self.spec.sim
+        params = inner.copy_params(self.learner.params)
+        batch = np.zeros((cfg.batch_size, cfg.seq_len + 1), np.int32)
+        jax.block_until_ready(
+            inner.step(params, inner.init_opt_state(params), inner.put_batch(batch))
+        )
+
     def run(self) -> None:
+        self.warm_up()
         threading.Thread(target=self._watch, daemon=True).start()
         threading.Thread(target=self._heartbeats, daemon=True).start()
         try:
@@ -193,6 +208,9 @@ class LearnerNode:
                 took = time.perf_counter() - t0
                 time.sleep((speed - 1.0) * took)
                 meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=True)
+                done = self.learner.tokens_done
+                self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
+                self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
                 self.control.call(m.PushRequested(0.0, self.j, meta))
                 a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
                 if not isinstance(a, m.PushShards):
@@ -205,6 +223,7 @@ class LearnerNode:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
             self.stop.set()
+            self.tb.close()
             for c in self.data:
                 c.close()
 

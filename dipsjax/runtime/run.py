@@ -110,14 +110,18 @@ class Processes:
                 p.wait()
 
 
-def final_params(run_dir: Path) -> tuple[int, dict[str, Any]]:
-    """The model the followers ended with (their ``final.npz`` shards, merged)."""
+def shard_files(run_dir: Path, name: str) -> list[Path]:
+    return sorted(run_dir.glob(f"follower*/{name}.npz"))
+
+
+def load_params(files: list[Path]) -> tuple[int, dict[str, Any]]:
+    """A model from its followers' shard files, checked to be of one version."""
     import numpy as np
 
     from dipsjax import outer
 
     flat, versions = {}, set()
-    for path in sorted(run_dir.glob("follower*/final.npz")):
+    for path in files:
         with np.load(path) as z:
             versions.add(int(z["__version__"]))
             flat.update({tuple(k.split("/")): z[k] for k in z.files if k != "__version__"})
@@ -126,10 +130,25 @@ def final_params(run_dir: Path) -> tuple[int, dict[str, Any]]:
     return versions.pop(), outer.unflatten(flat)
 
 
+def final_params(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The model the followers ended with (their ``final.npz`` shards, merged)."""
+    return load_params(shard_files(run_dir, "final"))
+
+
 def summarize(run_dir: Path) -> dict[str, Any]:
+    """The event tape's figures: rounds, tokens, per-phase seconds (the paper's table)."""
     tape_path = run_dir / "tape.jsonl"
     tape = EventTape.read(tape_path) if tape_path.exists() else EventTape()
     rounds = tape.round_records()
+
+    def mean_phase(a: str, b: str) -> float:
+        xs = [
+            r.timings[b] - r.timings[a]
+            for r in rounds
+            if r.timings.get(a) is not None and r.timings.get(b) is not None
+        ]
+        return sum(xs) / len(xs) if xs else 0.0
+
     return {
         "rounds": len(rounds),
         "applied": sum(r.applied for r in rounds),
@@ -138,10 +157,118 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "rejected": sum(len(r.accepted) - sum(r.accepted) for r in rounds),
         "tokens": sum(p.tokens for r in rounds for p in r.participants),
         "participants_per_round": [len(r.participants) for r in rounds],
+        "phase_seconds": {
+            "grace": sum(r.grace for r in rounds) / max(len(rounds), 1),
+            "push": mean_phase("closed", "transfers_done"),
+            "update": mean_phase("transfers_done", "applied"),
+            "pull": mean_phase("applied", "ended"),
+        },
     }
 
 
-def launch(spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True) -> dict[str, Any]:
+def evaluate_run(spec: RunSpec) -> list[dict[str, float]]:
+    """Validation loss of every saved version (the followers save one every ``eval_every``
+    versions and the last), with the leader's time and the tokens applied by then."""
+    from tensorboardX import SummaryWriter
+
+    from dipsjax.sim.world import World
+
+    run_dir = Path(spec.run_dir)
+    world = World(spec.sim)
+    tape_path = run_dir / "tape.jsonl"
+    rounds = EventTape.read(tape_path).round_records() if tape_path.exists() else []
+    ended, tokens, total = {0: 0.0}, {0: 0}, 0
+    for r in rounds:
+        if r.applied:
+            total += sum(p.tokens for p, ok in zip(r.participants, r.accepted, strict=True) if ok)
+            ended[r.version], tokens[r.version] = r.timings["ended"], total
+    versions = {0: world.init_params}
+    for name in sorted({p.stem for p in run_dir.glob("follower0/*.npz")}):
+        v, params = load_params(shard_files(run_dir, name))
+        versions[v] = params
+    curve = []
+    tb = SummaryWriter(str(run_dir / "tb" / "eval"))
+    for v in sorted(versions):
+        loss, bpb = world.evaluate(versions[v])
+        point = {
+            "version": v,
+            "t": ended.get(v, 0.0),
+            "tokens": tokens.get(v, 0),
+            "val_loss": loss,
+            "val_bpb": bpb,
+        }
+        curve.append(point)
+        tb.add_scalar("eval/val_loss", loss, point["tokens"])
+    tb.close()
+    return curve
+
+
+def plot(curve: list[dict[str, float]], path: Path) -> Path:
+    """Validation loss against the leader's time and against the tokens applied."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, key, label in ((axes[0], "t", "time (s)"), (axes[1], "tokens", "tokens applied")):
+        ax.plot([p[key] for p in curve], [p["val_loss"] for p in curve], marker="o")
+        ax.set_xlabel(label)
+        ax.set_ylabel("validation loss (nats/byte)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(spec: RunSpec, summary: dict[str, Any]) -> None:
+    """The end-of-run table: per learner, the rounds, the phases and the final loss."""
+    from rich.console import Console
+    from rich.table import Table
+
+    run_dir = Path(spec.run_dir)
+    status_path = run_dir / "leader" / "status.json"
+    status = json.loads(status_path.read_text()) if status_path.exists() else {"learners": {}}
+    console = Console()
+    title = (
+        f"{spec.sim.method}: {summary['rounds']} rounds, version {summary['version']}, "
+        f"{summary['wall_seconds']:.0f} s"
+    )
+    table = Table(title=title)
+    for col in ("learner", "slowdown", "tokens pushed", "contributions accepted", "incarnation"):
+        table.add_column(col, justify="right")
+    speeds = spec.sim.speeds or (1.0,) * spec.sim.learners
+    for j in range(spec.sim.learners):
+        st = status["learners"].get(str(j), {})
+        table.add_row(
+            str(j),
+            f"{speeds[j]:g}",
+            str(st.get("tokens", "-")),
+            str(st.get("accepted", "-")),
+            str(st.get("incarnation", "-")),
+        )
+    console.print(table)
+    ph = summary["phase_seconds"]
+    console.print(
+        f"per round (s): grace {ph['grace']:.2f}  push {ph['push']:.2f}  update "
+        f"{ph['update']:.2f}  pull {ph['pull']:.2f};  contributions accepted "
+        f"{summary['accepted']}, rejected {summary['rejected']}"
+    )
+    if summary.get("curve"):
+        last = summary["curve"][-1]
+        console.print(
+            f"validation loss {last['val_loss']:.4f} nats/byte ({last['val_bpb']:.3f} "
+            f"bits/byte) at version {last['version']}"
+        )
+    console.print(
+        f"outputs: {run_dir}/tape.jsonl, loss.png, tb/ (tensorboard --logdir {run_dir}/tb), logs/"
+    )
+
+
+def launch(
+    spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True, evaluate: bool = True
+) -> dict[str, Any]:
     """Runs the job described by ``spec`` to its token budget; returns the tape's summary."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -175,10 +302,14 @@ def launch(spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True) -> 
                     st = json.loads(status_path.read_text())
                 except ValueError:
                     continue
+                learners = "  ".join(
+                    f"L{j}: {v['state']} {v['tokens']} tok"
+                    for j, v in st.get("learners", {}).items()
+                )
                 print(
-                    f"[{time.monotonic() - t0:6.1f}s] version {st['version']} rounds "
-                    f"{st['rounds']} phase {st['phase']} members {st['members']} tokens "
-                    f"{st['tokens']['reported']}",
+                    f"[{time.monotonic() - t0:6.1f}s] version {st['version']} round "
+                    f"{st['rounds']} ({st['phase']}), tokens {st['tokens']['reported']}"
+                    f"/{st['budget']}, rejected {st['tokens']['rejected']} | {learners}",
                     flush=True,
                 )
         for p in procs.procs.values():  # everyone got Stop: let them finish
@@ -192,6 +323,9 @@ def launch(spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True) -> 
     summary = summarize(run_dir)
     summary["wall_seconds"] = time.monotonic() - t0
     summary["pids"] = {name: p.pid for name, p in procs.procs.items()}
+    if evaluate:
+        summary["curve"] = evaluate_run(spec)
+        plot(summary["curve"], run_dir / "loss.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -230,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped: every process was ended", flush=True)
         return 130
-    print(json.dumps(summary, indent=1))
+    report(spec, summary)
     return 0
 
 

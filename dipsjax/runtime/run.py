@@ -321,6 +321,8 @@ def launch(
         procs.stop()
         signal.signal(signal.SIGTERM, previous)
     summary = summarize(run_dir)
+    if status_path.exists():
+        summary["leader_tokens"] = json.loads(status_path.read_text())["tokens"]
     summary["wall_seconds"] = time.monotonic() - t0
     summary["pids"] = {name: p.pid for name, p in procs.procs.items()}
     if evaluate:

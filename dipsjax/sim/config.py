@@ -32,7 +32,9 @@ class SimConfig:
     Learners wait from their push until they pulled the version it went into (Di-PS sec. 5);
     ``overlap=True`` lets them keep training and adopt the newest version at their next round
     start (Decoupled DiLoCo's learners never wait; on the tiny settings one round of
-    staleness costs more than the wait saves, so it is off by default).
+    staleness costs more than the wait saves, so it is off by default). ``adopt`` says how
+    such a learner takes a new version: ``replace`` its parameters (default), or ``delta``:
+    keep them and add the global change since the version it started from.
 
     Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
     round by its share of a full round's tokens).
@@ -69,6 +71,7 @@ class SimConfig:
     rda: bool = True
     round_token_scale: bool = False
     overlap: bool = False
+    adopt: str = "replace"
     alpha: float = rules.AnomalyConfig.alpha
     beta: float = rules.AnomalyConfig.beta
     warmup: int = rules.AnomalyConfig.warmup
@@ -117,6 +120,7 @@ class SimConfig:
             (self.quorum >= 1, "quorum", ">= 1"),
             (self.version_cache >= 1, "version_cache", ">= 1"),
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy or optimal"),
+            (self.adopt in ("replace", "delta"), "adopt", "replace or delta"),
             (self.eval_every >= 1, "eval_every", ">= 1"),
         ]
         for ok, name, allowed in checks:

@@ -26,7 +26,7 @@ from dipsjax.data.pipeline import BatchStream
 from dipsjax.learner import Learner
 from dipsjax.sim.cluster import Clock, LocalCluster
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World, pseudo_gradient, push_meta, wire
+from dipsjax.sim.world import World, add_global_change, pseudo_gradient, push_meta, wire
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
 
@@ -100,7 +100,10 @@ class Engine:
         if not sl.alive or self.stopped or sl.training is not None:
             return  # dead, over, or a round already in progress
         if adopt is not None:
-            sl.learner.pull(adopt[1], version=adopt[0], reset_optimizer=reset)
+            params = adopt[1]
+            if self.cfg.adopt == "delta" and not reset and sl.base is not None:
+                params = add_global_change(sl.learner.params_dict(), adopt[1], sl.base)
+            sl.learner.pull(params, version=adopt[0], reset_optimizer=reset)
             sl.base = adopt[1]
         data = sl.stream.take_round(self.cfg.inner_steps)
         batches = data.batches

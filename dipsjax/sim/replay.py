@@ -19,7 +19,7 @@ from dipsjax import outer
 from dipsjax.data.pipeline import StreamPosition
 from dipsjax.learner import Learner
 from dipsjax.sim.config import SimConfig
-from dipsjax.sim.world import World, pseudo_gradient, wire
+from dipsjax.sim.world import World, add_global_change, pseudo_gradient, wire
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods as methods_lib
 from dipsjax.syncer.tape import EventTape
@@ -34,6 +34,7 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
     followers = world.followers(method)
     versions = {0: world.init_params}
     learners: dict[int, tuple[int, Learner]] = {}
+    adopted: dict[int, tuple[int, dict]] = {}  # per learner: (incarnation, last version taken)
     for rec in tape.round_records():
         kept = {p.learner for p in rec.participants}
         for p in sorted(rec.participants + rec.dropped, key=lambda p: p.pushed_at):
@@ -42,7 +43,12 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
                 learners[j] = (meta.incarnation, world.learner(j))
             learner = learners[j][1]
             if meta.pulled:
-                learner.pull(versions[meta.base_version], version=meta.base_version)
+                params = versions[meta.base_version]
+                fresh = adopted.get(j) is None or adopted[j][0] != meta.incarnation
+                if cfg.adopt == "delta" and not fresh:
+                    params = add_global_change(learner.params_dict(), params, adopted[j][1])
+                learner.pull(params, version=meta.base_version)
+                adopted[j] = (meta.incarnation, versions[meta.base_version])
             pos = StreamPosition(chunk=meta.start_chunk, offset=meta.start_offset)
             stream = world.stream(list(meta.new_chunks), position=pos)
             batches = [b.tokens for b in itertools.islice(stream, meta.steps)]

@@ -172,6 +172,17 @@ def pseudo_gradient(reference: str, contrib: Any, learner: Learner, base: Any) -
     return jax.tree.map(lambda b, e: jnp.asarray(b, jnp.float32) - e, base, learner.params_dict())
 
 
+def add_global_change(own: Any, new: Any, base: Any) -> dict:
+    """``own + (new - base)``: a learner adopting a new global version by adding the global
+    change since the version it started from, keeping its own progress since then."""
+    return jax.tree.map(
+        lambda o, n, b: o + (jnp.asarray(n, jnp.float32) - jnp.asarray(b, jnp.float32)),
+        own,
+        new,
+        base,
+    )
+
+
 def push_meta(
     contrib: Any, data: Any, incarnation: int, train_seconds: float, *, pulled: bool
 ) -> PushMeta:

@@ -43,8 +43,11 @@ def test_replay_from_tape_gives_the_same_parameters():
     assert tree_equal(again.params, res.params)
 
 
-def test_replay_of_decoupled_learners_that_never_wait():
-    cfg = SimConfig(method="decoupled", eta=20, quorum=1, overlap=True, token_budget=3 * ROUND)
+@pytest.mark.parametrize("adopt", ["replace", "delta"])
+def test_replay_of_decoupled_learners_that_never_wait(adopt):
+    cfg = SimConfig(
+        method="decoupled", eta=20, quorum=1, overlap=True, adopt=adopt, token_budget=3 * ROUND
+    )
     res = simulate(cfg)
     assert any(not p.meta.pulled for r in res.tape.round_records() for p in r.participants)
     assert tree_equal(replay(cfg, res.tape), res.params)
@@ -159,6 +162,7 @@ def test_experiment_configs_expand_and_validate():
         "sim_comm",
         "sim_anomaly",
         "sim_wire",
+        "sim_adopt",
     ):
         runs = experiments.expand(experiments.load_experiment(name, "ci"))
         assert runs and all(isinstance(c, SimConfig) for _, c in runs)

@@ -13,6 +13,7 @@ Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 import time
@@ -87,7 +88,9 @@ class FollowerNode:
                 reply = m.FollowerMerged(0.0, k, action.round_id, f.merged_partial(action))
             elif isinstance(action, m.Apply):
                 t0 = time.perf_counter()
-                v = f.apply(f.decisions[action.round_id], action)
+                d = f.decisions[action.round_id]
+                v = f.apply(d, action)
+                self._log_decision(d, action)
                 self.tb.add_scalar("follower/apply_s", time.perf_counter() - t0, v)
                 if v % self.spec.sim.eval_every == 0:
                     self.save(f"v{v}")
@@ -102,6 +105,21 @@ class FollowerNode:
         if reply is not None:
             self.control.call(reply)
         return True
+
+    def _log_decision(self, d: m.Decide, a: m.Apply) -> None:
+        """What this follower applied, one JSON line per round (``decisions.jsonl``)."""
+        record = {
+            "round": a.round_id,
+            "version": a.version,
+            "learners": list(d.learners),
+            "accepted": list(d.accepted),
+            "weights": list(d.weights),
+            "clip_factor": a.clip_factor,
+        }
+        out = Path(self.spec.run_dir) / f"follower{self.k}"
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "decisions.jsonl").open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
 
     def save(self, name: str) -> Path:
         """The shard's newest version as ``RUN_DIR/follower{k}/NAME.npz`` (tensor paths as

@@ -38,7 +38,7 @@ from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.client import ControlClient
 from dipsjax.runtime.spec import RunSpec, address
-from dipsjax.sim.world import pseudo_gradient, push_meta
+from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.transport.dataplane import DataPlaneClient
@@ -75,7 +75,12 @@ class LearnerNode:
         )
         self.control = ControlClient(spec, learner=j)
         self.data = [DataPlaneClient(address(a)) for a in spec.followers]
+        self.pull_data = [DataPlaneClient(address(a)) for a in spec.followers]
         self.actions: queue.Queue = queue.Queue()
+        self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
+        self.latest: tuple[int, Any] | None = None  # overlap: the newest version pulled
+        self.fresh = threading.Event()  # overlap: the in-flight push's version arrived
+        self.fresh.set()
         self.base: Any = None
         self.stop = threading.Event()
         self.rounds = 0
@@ -92,6 +97,9 @@ class LearnerNode:
     def _watch(self) -> None:
         try:
             for a in self.control.watch(self.incarnation):
+                if self.spec.sim.overlap and isinstance(a, m.NotifyPull):
+                    self.notices.put(a)
+                    continue
                 self.actions.put(a)
                 if isinstance(a, m.Stop):
                     return
@@ -102,6 +110,16 @@ class LearnerNode:
         while not self.stop.wait(self.spec.heartbeat_interval):
             with contextlib.suppress(Exception):  # a missed beat is the leader's to judge
                 self.control.call(m.Heartbeat(0.0, self.j), timeout=5.0)
+
+    def check_stopped(self) -> None:
+        """Raises :class:`Stopped` if the leader stopped the job (without blocking)."""
+        with self.actions.mutex:
+            pending = list(self.actions.queue)
+        for a in pending:
+            if isinstance(a, Exception):
+                raise Stopped(f"control stream lost: {a}")
+            if isinstance(a, m.Stop):
+                raise Stopped(a.reason)
 
     def wait_for(self, *kinds: type) -> m.Action:
         while True:
@@ -115,17 +133,35 @@ class LearnerNode:
 
     # -- data ------------------------------------------------------------------------
 
-    def pull(self, version: int) -> tuple[int, dict]:
+    def _puller(self) -> None:
+        """Overlap: pull each notified version at once (the round ends when its learners have
+        pulled) and keep it for the next round start."""
+        while not self.stop.is_set():
+            try:
+                a = self.notices.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            try:
+                v, params = self.pull(a.version, self.pull_data)
+                self.control.call(m.PullDone(0.0, self.j, v))
+            except Exception as e:
+                self.actions.put(e)
+                return
+            self.latest = (v, params)
+            self.fresh.set()
+
+    def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
         """One complete model of one version, from every follower at once."""
-        results: list[Any] = [None] * len(self.data)
+        clients = self.data if clients is None else clients
+        results: list[Any] = [None] * len(clients)
 
         def one(k: int) -> None:
             try:
-                results[k] = self.data[k].pull(version, codec="fp32")
+                results[k] = clients[k].pull(version, codec="fp32")
             except Exception as e:
                 results[k] = e
 
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(self.data))]
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(clients))]
         for t in threads:
             t.start()
         for t in threads:
@@ -170,9 +206,17 @@ class LearnerNode:
 
     def adopt(self, version: int, first: bool) -> None:
         v, params = self.pull(version)
-        self.learner.pull(params, version=v, reset_optimizer=first)
-        self.base = params
+        self.take(v, params, first)
         self.control.call(m.PullDone(0.0, self.j, v))
+
+    def take(self, version: int, params: dict, first: bool = False) -> None:
+        """Starts from a global version: its parameters (``replace``), or, with
+        ``adopt='delta'``, the learner's own plus the global change since its last one."""
+        own = params
+        if self.spec.sim.adopt == "delta" and not first and self.base is not None:
+            own = add_global_change(self.learner.params_dict(), params, self.base)
+        self.learner.pull(own, version=version, reset_optimizer=first)
+        self.base = params
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -190,11 +234,19 @@ class LearnerNode:
         self.warm_up()
         threading.Thread(target=self._watch, daemon=True).start()
         threading.Thread(target=self._heartbeats, daemon=True).start()
+        overlap = self.spec.sim.overlap
+        if overlap:
+            threading.Thread(target=self._puller, daemon=True).start()
         try:
             self.control.call(m.Join(0.0, self.j, self.incarnation))
             self.adopt(self.wait_for(m.SendModel).version, first=True)
             speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
+            pulled = True
             while True:
+                latest = self.latest
+                if overlap and latest is not None and latest[0] > self.learner.version:
+                    self.take(*latest)  # the newest version, at a round start
+                    pulled = True
                 data = self.stream.take_round(self.spec.sim.inner_steps)
                 if not data.batches:
                     time.sleep(0.5)  # no chunk to lease now
@@ -207,24 +259,31 @@ class LearnerNode:
                 delta = jax.block_until_ready(delta)
                 took = time.perf_counter() - t0
                 time.sleep((speed - 1.0) * took)
-                meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=True)
+                meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=pulled)
+                pulled = False
                 done = self.learner.tokens_done
                 self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
                 self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
+                while overlap and not self.fresh.wait(0.5):  # one push in flight at a time
+                    self.check_stopped()
                 self.control.call(m.PushRequested(0.0, self.j, meta))
                 a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
                 if not isinstance(a, m.PushShards):
                     raise Stopped(f"{type(a).__name__}: {a.reason}")
                 self.push(a, delta)
+                if overlap:
+                    self.fresh.clear()
                 self.control.call(m.TransferDone(0.0, self.j, a.round_id))
-                self.adopt(self.wait_for(m.NotifyPull).version, first=False)
+                if not overlap:
+                    self.adopt(self.wait_for(m.NotifyPull).version, first=False)
+                    pulled = True
                 self.rounds += 1
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
             self.stop.set()
             self.tb.close()
-            for c in self.data:
+            for c in self.data + self.pull_data:
                 c.close()
 
 

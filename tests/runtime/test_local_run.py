@@ -1,5 +1,6 @@
 """The runtime with real processes: a leader, 2 followers and 2 learners over gRPC and TCP."""
 
+import json
 import os
 
 import pytest
@@ -22,14 +23,23 @@ def _alive(pids):
     return alive
 
 
-@pytest.mark.parametrize("method", ["dips", "sync_diloco"])
-def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path, method):
+@pytest.mark.parametrize(
+    "method,extra",
+    [
+        ("dips", {}),
+        ("sync_diloco", {}),
+        ("decoupled", {"quorum": 1, "overlap": True, "adopt": "delta"}),
+    ],
+    ids=["dips", "sync_diloco", "decoupled_overlap"],
+)
+def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path, method, extra):
     sim = SimConfig(
         method=method,
         learners=2,
         followers=2,
         token_budget=2 * 16 * 512 * 3,
         speeds=(1.0, 1.5),
+        **extra,
     )
     spec = make_spec(sim, tmp_path / "run", heartbeat_interval=1.0)
     summary = launch(spec, timeout=400, progress=False)
@@ -45,6 +55,26 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
 
     tape = EventTape.read(tmp_path / "run" / "tape.jsonl")
     assert tree_equal(replay(sim, tape), params)
+    # Every follower applied the same accepted set, weights and clip factor: the tape's.
+    logs = [
+        [
+            json.loads(line)
+            for line in (tmp_path / "run" / f"follower{k}" / "decisions.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        for k in range(2)
+    ]
+    assert logs[0] == logs[1] and len(logs[0]) == summary["applied"]
+    applied = [r for r in tape.round_records() if r.applied]
+    for rec, d in zip(applied, logs[0], strict=True):
+        assert (d["accepted"], d["weights"], d["clip_factor"]) == (
+            rec.accepted,
+            rec.weights,
+            rec.clip_factor if rec.clip_factor is not None else 1.0,
+        )
+    if sim.overlap:  # learners trained on while their pushes were in flight
+        assert any(not p.meta.pulled for r in tape.round_records() for p in r.participants)
 
 
 def test_ctrl_c_stops_every_process_within_seconds(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import queue
 import sys
 import threading
@@ -27,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jax
 import numpy as np
 from tensorboardX import SummaryWriter
@@ -84,6 +86,7 @@ class LearnerNode:
         self.base: Any = None
         self.stop = threading.Event()
         self.rounds = 0
+        self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
 
     # -- control ---------------------------------------------------------------------
@@ -230,6 +233,42 @@ class LearnerNode:
             inner.step(params, inner.init_opt_state(params), inner.put_batch(batch))
         )
 
+    def _count(self, tokens: int, started: float) -> None:
+        tr = self.trained
+        tr["tokens"] += tokens
+        tr["first"] = started if tr["first"] is None else tr["first"]
+        tr["last"] = time.perf_counter()
+
+    def write_stats(self) -> None:
+        """``RUN_DIR/learner{j}/stats.json``: tokens trained and the seconds from the start of
+        the first round to the end of the last (what ``benchmarks/system.py`` compares)."""
+        tr = self.trained
+        seconds = (tr["last"] - tr["first"]) if tr["first"] is not None else 0.0
+        out = Path(self.spec.run_dir) / f"learner{self.j}"
+        out.mkdir(parents=True, exist_ok=True)
+        stats = {"tokens": tr["tokens"], "seconds": seconds, "rounds": self.rounds}
+        (out / "stats.json").write_text(json.dumps(stats))
+
+    def solo(self, rounds: int) -> None:
+        """The same learner with no outer communication: ``rounds`` rounds back to back on a
+        fixed chunk order (the baseline of ``benchmarks/system.py``)."""
+        self.warm_up()
+        cfg = self.spec.sim
+        order = [(self.j * 97 + i) % self.spec.num_chunks for i in range(self.spec.num_chunks)]
+        self.stream = BatchStream(
+            self.stream.chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=order
+        )
+        speed = cfg.speeds[self.j] if cfg.speeds else 1.0
+        for _ in range(rounds):
+            data = self.stream.take_round(cfg.inner_steps)
+            t0 = time.perf_counter()
+            contrib = self.learner.run_round(data.batches, num_steps=len(data.batches))
+            jax.block_until_ready(contrib.delta)
+            time.sleep((speed - 1.0) * (time.perf_counter() - t0))
+            self._count(contrib.tokens, t0)
+            self.rounds += 1
+        self.write_stats()
+
     def run(self) -> None:
         self.warm_up()
         threading.Thread(target=self._watch, daemon=True).start()
@@ -259,6 +298,7 @@ class LearnerNode:
                 delta = jax.block_until_ready(delta)
                 took = time.perf_counter() - t0
                 time.sleep((speed - 1.0) * took)
+                self._count(contrib.tokens, t0)
                 meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=pulled)
                 pulled = False
                 done = self.learner.tokens_done
@@ -280,7 +320,13 @@ class LearnerNode:
                 self.rounds += 1
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
+        except grpc.RpcError as e:  # the leader finished (or went away) during a call
+            print(
+                f"learner {self.j}: control plane gone ({e.code()}) after {self.rounds} rounds",
+                flush=True,
+            )
         finally:
+            self.write_stats()
             self.stop.set()
             self.tb.close()
             for c in self.data + self.pull_data:
@@ -292,8 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("index", type=int)
     parser.add_argument("--incarnation", type=int, default=0)
+    parser.add_argument("--solo", type=int, default=0, help="train this many rounds alone")
     args = parser.parse_args(argv)
-    LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation).run()
+    node = LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation)
+    if args.solo:
+        node.solo(args.solo)
+    else:
+        node.run()
     return 0
 
 

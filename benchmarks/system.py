@@ -1,0 +1,89 @@
+"""System: aggregate learner tokens/s with the full syncer (leader, 2 followers, gRPC and
+the data plane) against the same learners with no outer communication, in the same run.
+
+Four learner processes train the tiny model with ``H = 64`` inner steps, pinned to the cores
+as ``dipsjax run`` pins them. Each learner's throughput is the tokens it trained over the
+seconds from the start of its first round to the end of its last; the aggregate is their
+sum. Baseline: the same processes training the same number of rounds alone (``--solo``).
+Two modes: learners that wait for their pull (Di-PS) and learners that keep training
+(Decoupled DiLoCo, K=1, adding the global change). On 2 cores the leader's and followers'
+work competes with the learners for the CPU, which a cluster does not have to.
+
+Run: ``.venv/bin/python benchmarks/system.py`` (``--rounds 3`` for a quick run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def _aggregate(run_dir: Path, learners: int) -> float:
+    total = 0.0
+    for j in range(learners):
+        stats = json.loads((run_dir / f"learner{j}" / "stats.json").read_text())
+        total += stats["tokens"] / stats["seconds"]
+    return total
+
+
+def _solo(spec, rounds: int) -> float:
+    cores = sorted(os.sched_getaffinity(0))
+    procs = []
+    for j in range(spec.sim.learners):
+        cmd = [
+            sys.executable,
+            "-m",
+            "dipsjax.runtime.learner",
+            str(Path(spec.run_dir) / "spec.json"),
+            str(j),
+            "--solo",
+            str(rounds),
+        ]
+        p = subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        os.sched_setaffinity(p.pid, {cores[j % len(cores)]})
+        procs.append(p)
+    for p in procs:
+        if p.wait() != 0:
+            raise RuntimeError("a solo learner failed")
+    return _aggregate(Path(spec.run_dir), spec.sim.learners)
+
+
+def main() -> None:
+    from dipsjax.runtime.run import launch, make_spec
+    from dipsjax.sim.config import SimConfig
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per learner")
+    args = parser.parse_args()
+    m, h = 4, 64
+    budget = m * args.rounds * h * 8 * 64
+    modes = {
+        "waiting": dict(method="dips"),
+        "overlap": dict(method="decoupled", quorum=1, overlap=True, adopt="delta"),
+    }
+    ratios = {}
+    for name, kw in modes.items():
+        sim = SimConfig(learners=m, followers=2, inner_steps=h, token_budget=budget, **kw)
+        synced = make_spec(sim, Path(tempfile.mkdtemp(prefix=f"dipsjax-sys-{name}-")))
+        launch(synced, progress=False, evaluate=False)
+        with_sync = _aggregate(Path(synced.run_dir), m)
+        alone = make_spec(sim, Path(tempfile.mkdtemp(prefix="dipsjax-solo-")))
+        alone.write(Path(alone.run_dir) / "spec.json")
+        without = _solo(alone, args.rounds)
+        ratios[name] = with_sync / without
+        print(
+            f"{name}: {with_sync:.0f} tokens/s with the syncer, {without:.0f} alone "
+            f"= {ratios[name]:.3f}",
+            flush=True,
+        )
+    print(f"system_tokens_ratio_waiting: {ratios['waiting']:.3f} (goal: >= 0.94)")
+    print(f"system_tokens_ratio_overlap: {ratios['overlap']:.3f} (goal: >= 0.99)")
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,11 @@ class SimConfig:
     such a learner takes a new version: ``replace`` its parameters (default), or ``delta``:
     keep them and add the global change since the version it started from.
 
+    Data assignment: chunks are leased on demand (the first learner to ask gets the next
+    chunk); ``deal_chunks=True`` deals them in turns, so learner ``j``'s ``i``-th chunk is
+    fixed (DiLoCo's per-worker data shards): synchronous DiLoCo's rounds then do not depend
+    on timing, and a run stopped and resumed ends where an uninterrupted one does.
+
     Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
     round by its share of a full round's tokens).
     """
@@ -79,6 +84,7 @@ class SimConfig:
     min_sigma_ratio: float = rules.AnomalyConfig.min_sigma_ratio
     max_staleness: int | None = None
     version_cache: int = 8
+    deal_chunks: bool = False
     schedule: str = "greedy"
     failures: tuple[tuple[int, float, float], ...] = ()
     joins: tuple[tuple[int, float], ...] = ()
@@ -175,6 +181,7 @@ class SimConfig:
             full_round_tokens=self.full_round_tokens,
             max_staleness=self.max_staleness,
             version_cache=self.version_cache,
+            deal_chunks=self.learners if self.deal_chunks else 0,
             heartbeat_interval=self.heartbeat_interval,
             token_budget=self.token_budget,
             num_followers=num_followers,

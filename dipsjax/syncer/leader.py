@@ -122,6 +122,10 @@ class LeaderConfig:
       layer_owner: follower of each tensor, in the model's flattened order (the transfer
         plan is built from it; empty: plans carry no transfers).
       schedule: ``greedy`` (Di-PS sec. 10) or ``optimal`` (fewest steps) transfer plans.
+      deal_chunks: ``0`` leases chunks on demand (whoever asks first gets the next one);
+        ``N > 0`` deals them in turns to learners ``0 .. N-1`` (and any other member), so
+        learner ``j``'s ``i``-th chunk is fixed whatever the timing: DiLoCo's per-worker
+        data shards, which make synchronous DiLoCo's rounds independent of timing.
     """
 
     weighting: str = "tokens"
@@ -138,6 +142,7 @@ class LeaderConfig:
     num_followers: int = 1
     layer_owner: tuple[int, ...] = ()
     schedule: str = "greedy"
+    deal_chunks: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -165,6 +170,7 @@ class LeaderConfig:
                 f"follower ids in [0, {self.num_followers})",
             ),
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy|optimal"),
+            (self.deal_chunks >= 0, "deal_chunks", ">= 0"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -210,6 +216,7 @@ class Push:
     t: float
     transferred: bool = False
     outcome: str | None = None  # applied | rejected | dropped, once settled
+    round_id: int = -1  # the round it was admitted to (-1: still waiting)
 
     @property
     def tokens(self) -> int:
@@ -248,6 +255,8 @@ class Member:
     last_seen: float
     incarnation: int = 0
     active: bool = False  # pulled its first model
+    last_round: int = -1  # round of its last settled push (-1: none or never admitted)
+    last_outcome: str = ""  # applied | rejected | dropped
 
 
 class Leader:
@@ -276,6 +285,7 @@ class Leader:
         self.followers_up: dict[int, bool] = dict.fromkeys(range(self.config.num_followers), True)
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
+        self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
         self.tape = EventTape()
         self.stopped = False
 
@@ -293,16 +303,20 @@ class Leader:
         pending = self.waiting + (self.round.pushes if self.round is not None else [])
         return sum(p.tokens for p in pending if p.outcome is None)
 
-    def _settle(self, p: Push, outcome: str) -> None:
+    def _settle(self, p: Push, outcome: str, release: bool = True) -> None:
         """Books a push's outcome once. Its finished chunks count as trained when it was
-        applied or rejected (the data was used); a dropped push gives them back."""
+        applied or rejected (the data was used); a dropped push gives them back (or, with
+        ``release=False``, leaves them leased to its learner, who trains them again)."""
         if p.outcome is None:
             p.outcome = outcome
             self.ledger.settle(p.learner, p.tokens, outcome)
-            if outcome == "dropped":
-                self._release_chunks(p.learner, p.meta.finished_chunks)
-            else:
+            member = self.members.get(p.learner)
+            if member is not None and member.incarnation == p.meta.incarnation:
+                member.last_round, member.last_outcome = p.round_id, outcome
+            if outcome != "dropped":
                 self._complete_chunks(p.learner, p.meta.finished_chunks)
+            elif release:
+                self._release_chunks(p.learner, p.meta.finished_chunks)
 
     def _pullers(self, rnd: Round) -> list[int]:
         """The round's learners that pull its result: the incarnations that pushed, still
@@ -348,6 +362,8 @@ class Leader:
         if member is not None:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)
+                if ev.resume:
+                    return self._rejoin(ev.learner, ev.t)
                 return []  # a retried join: nothing new
             # A restart before eviction: the new incarnation ends the old one.
             actions += self._remove(ev.learner, ev.t, "restarted")
@@ -356,6 +372,22 @@ class Leader:
         self.clock.setdefault(ev.learner, 0)
         self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
         return [*actions, SendModel(ev.learner, self.version)]
+
+    def _rejoin(self, learner: int, t: float) -> list[Action]:
+        """A learner resumed from its checkpoint (same incarnation): it pulls the current
+        version, learns how its last push ended, and gets back, in lease order, the chunks
+        still leased to it, which it regrants to itself (the ones it had leased after its
+        checkpoint, or trained in a push that was dropped) before it asks for new ones."""
+        member = self.members[learner]
+        member.active = False
+        self.dealt.pop(learner, None)  # dealt chunks are among its leases now
+        leases = (
+            tuple(lease.chunk for lease in chunks.leases_of(self.data, str(learner)))
+            if self.data is not None
+            else ()
+        )
+        self._membership(t, "resume", learner, incarnation=member.incarnation)
+        return [SendModel(learner, self.version, leases, member.last_round, member.last_outcome)]
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
@@ -398,6 +430,7 @@ class Leader:
         if self.round is not None and learner in self.round.pulling:
             self.round.pulling.remove(learner)
         self.grace.forget_learner(learner)
+        self.dealt.pop(learner, None)
         if self.data is not None:
             # Its leases go back, except the chunks of a push already with the followers
             # (they complete or come back when that push is settled).
@@ -431,8 +464,24 @@ class Leader:
             raise ValueError("ChunkRequested: this leader has no chunk ledger (data=None)")
         if ev.learner not in self.members:
             return [GrantChunk(ev.learner, None)]
+        if self.config.deal_chunks:
+            return [GrantChunk(ev.learner, self._deal(ev.learner))]
         self.data, got = chunks.lease(self.data, str(ev.learner))
         return [GrantChunk(ev.learner, None if got is None else got.chunk)]
+
+    def _deal(self, learner: int) -> int | None:
+        """``deal_chunks``: one chunk to each learner in turn, whenever ``learner`` has none
+        dealt; learner ``j``'s ``i``-th chunk comes from the ``i``-th deal."""
+        assert self.data is not None
+        if not self.dealt.get(learner):
+            turn = sorted(set(range(self.config.deal_chunks)) | set(self.members))
+            for j in turn:
+                self.data, got = chunks.lease(self.data, str(j))
+                if got is None:
+                    break
+                self.dealt.setdefault(j, []).append(got.chunk)
+        queue = self.dealt.get(learner)
+        return queue.pop(0) if queue else None
 
     def _complete_chunks(self, learner: int, finished: tuple[int, ...]) -> None:
         if self.data is None:
@@ -514,6 +563,7 @@ class Leader:
             self.round = Round(round_id=self.next_round_id, opened=t)
             self.next_round_id += 1
         rnd = self.round
+        push.round_id = rnd.round_id
         rnd.pushes.append(push)
         actions: list[Action] = [PushShards(rnd.round_id, push.learner, self._plan(push.learner))]
         if rnd.phase is Phase.TRANSFERS:
@@ -570,6 +620,16 @@ class Leader:
                         f"round {rnd.round_id} was being applied as version {self.version + 1}"
                     )
                 ]
+        elif ev.version != self.version:
+            # Outside an update every follower serves the leader's version; anything else
+            # means checkpoints from different moments: stop rather than mix versions.
+            self.stopped = True
+            return [
+                Stop(
+                    f"follower {ev.follower} joined at version {ev.version} but the leader is "
+                    f"at version {self.version}: restore checkpoints of one version"
+                )
+            ]
         if rnd is None and self._followers_ready():
             return self._open_next(ev.t)
         return []
@@ -739,6 +799,7 @@ class Leader:
                 rnd.dropped.append(p)
             else:
                 kept.append(p)
+        kept.sort(key=lambda p: p.learner)  # a merge order that does not depend on timing
         rnd.pushes = kept
         rnd.learners = tuple(p.learner for p in kept)
         rnd.timings["transfers_done"] = t
@@ -822,6 +883,43 @@ class Leader:
             actions += self._advance(t)
         return actions
 
+    # -- resume --------------------------------------------------------------------
+
+    def resume(self, t: float) -> list[Action]:
+        """Continues a :meth:`restore`-d leader in a run whose processes all restarted from
+        their checkpoints (``--resume``). The followers' staged shards are gone, so every
+        push not applied yet is dropped (counted), its chunks left leased to its learner,
+        who resumes from the checkpoint before that push and trains them again (its
+        ``SendModel`` lists them); a round already applied by every follower ends. Every
+        follower must rejoin (at this version) and every learner must pull again before
+        the next round; learners that do not come back are evicted by heartbeats."""
+        if self.stopped:
+            return []
+        self.tape.append("resume", t=t, version=self.version)
+        for p in self.waiting:
+            self._settle(p, "dropped", release=False)
+        self.waiting = []
+        actions: list[Action] = []
+        rnd = self.round
+        for k in self.followers_up:
+            self.followers_up[k] = False
+        if rnd is not None and rnd.applied:
+            rnd.pulling = []  # its learners pull through SendModel when they rejoin
+            actions += self._end_round(t)
+        elif rnd is not None:
+            for p in rnd.pushes:
+                self._settle(p, "dropped", release=False)
+            rnd.dropped += rnd.pushes
+            rnd.pushes = []
+            rnd.decision = None
+            rnd.decided_version = self.version
+            self.tape.append("round", **self.round_record(rnd, t).to_json())
+            self.round = None
+        for member in self.members.values():
+            member.active = False
+            member.last_seen = t
+        return actions
+
     # -- snapshot ------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
@@ -834,6 +932,7 @@ class Leader:
                 "t": p.t,
                 "transferred": p.transferred,
                 "outcome": p.outcome,
+                "round_id": p.round_id,
             }
 
         rnd = None
@@ -877,6 +976,7 @@ class Leader:
                 "data": None if self.data is None else self.data.to_dict(),
                 "followers_up": [[k, v] for k, v in self.followers_up.items()],
                 "lru": list(self.lru),
+                "dealt": [[j, list(q)] for j, q in self.dealt.items()],
                 "tokens_taken": self.tokens_taken,
                 "stopped": self.stopped,
             }
@@ -893,7 +993,14 @@ class Leader:
             meta = dict(d["meta"])
             meta["new_chunks"] = tuple(meta["new_chunks"])
             meta["finished_chunks"] = tuple(meta["finished_chunks"])
-            return Push(d["learner"], PushMeta(**meta), d["t"], d["transferred"], d["outcome"])
+            return Push(
+                d["learner"],
+                PushMeta(**meta),
+                d["t"],
+                d["transferred"],
+                d["outcome"],
+                d.get("round_id", -1),
+            )
 
         leader = cls(
             LeaderConfig.from_json(state["config"]),
@@ -931,6 +1038,7 @@ class Leader:
         leader.ledger = TokenLedger.from_json(state["ledger"])
         leader.followers_up = {k: v for k, v in state["followers_up"]}
         leader.lru = tuple(state["lru"])
+        leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
         leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
         if tape is not None:

@@ -53,6 +53,7 @@ class Join(Event):
 
     learner: int
     incarnation: int = 0
+    resume: bool = False  # the same incarnation, back from its checkpoint (``--resume``)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +184,17 @@ class FollowerLost(Event):
 
 @dataclasses.dataclass(frozen=True)
 class SendModel(Action):
-    """The learner pulls one complete model of ``version`` before it trains."""
+    """The learner pulls one complete model of ``version`` before it trains.
+
+    To a resumed learner (``Join(resume=True)``) it also says how its last push ended
+    (``last_round``, ``last_outcome``; ``-1``/``''``: none) and which chunks are still
+    leased to it, in lease order (``leases``)."""
 
     learner: int
     version: int
+    leases: tuple[int, ...] = ()
+    last_round: int = -1
+    last_outcome: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,7 @@ class MethodSettings:
       heartbeat_interval: learners' heartbeat interval (eviction after 3 missed).
       token_budget: stop after this many tokens.
       num_followers, layer_owner: the shards (see :class:`LeaderConfig`).
+      deal_chunks: deal chunks in turns to this many learners (see :class:`LeaderConfig`).
     """
 
     learners: int = 4
@@ -71,6 +72,7 @@ class MethodSettings:
     token_budget: int | None = None
     num_followers: int = 1
     layer_owner: tuple[int, ...] = ()
+    deal_chunks: int = 0
 
     def __post_init__(self) -> None:
         if self.learners < 1:
@@ -129,6 +131,7 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
         token_budget=s.token_budget,
         num_followers=s.num_followers,
         layer_owner=s.layer_owner,
+        deal_chunks=s.deal_chunks,
     )
     if name == "dips":
         lc = LeaderConfig(

@@ -77,6 +77,7 @@ NONNEGATIVE_FIELDS = frozenset(
         "start_chunk",
         "start_offset",
         "new_chunks",
+        "leases",
         "finished_chunks",
         "chunk",
         "layer",

@@ -552,3 +552,117 @@ def test_the_leader_process_needs_no_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _deal_run(order):
+    """Learners 0..2 ask for chunks in the given order under ``deal_chunks=3``."""
+    from dipsjax.data import new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False, deal_chunks=3), NoGrace(), data=new_ledger(30))
+    for j in (2, 0, 1):  # joins in any order
+        leader.handle(L.Join(0.0, j))
+        leader.handle(L.PullDone(0.0, j, 0))
+    got = {j: [] for j in range(3)}
+    for j in order:
+        (grant,) = leader.handle(L.ChunkRequested(0.0, j))
+        got[j].append(grant.chunk)
+    return got
+
+
+def test_dealt_chunks_do_not_depend_on_who_asks_first():
+    a = _deal_run([0, 1, 2] * 4)
+    b = _deal_run([2, 2, 2, 2, 1, 0, 1, 0, 0, 1, 1, 0])
+    assert a == b and all(len(v) == 4 for v in a.values())
+    # On demand (the default) the first to ask gets the next chunk: timing decides.
+    from dipsjax.data import new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(30))
+    join_all(leader, 3)
+    first = leader.handle(L.ChunkRequested(0.0, 2))[0].chunk
+    assert first == a[0][0] != a[2][0]
+
+
+def test_pushes_are_merged_in_learner_order_whatever_the_arrival_order():
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(leader, 3)
+    for j in (2, 0, 1):
+        leader.handle(push(0.0, j, 10 + j, 1, 0))
+    decide, *_ = finish_round(leader, 1.0)
+    assert decide.learners == (0, 1, 2) and decide.tokens == (10, 11, 12)
+
+
+def _resumable():
+    """A leader with one applied round and a second one mid-transfer (learners 0 and 1
+    pushed, learner 2 still training), two followers, on a chunk ledger."""
+    from dipsjax.data import new_ledger
+
+    cfg = LeaderConfig(penalty=False, num_followers=2, deal_chunks=3)
+    leader = Leader(cfg, QuorumGrace(k=3, grace=False), data=new_ledger(40))
+    join_all(leader, 3)
+    chunks = {j: [leader.handle(L.ChunkRequested(0.0, j))[0].chunk for _ in range(2)]
+              for j in range(3)}  # fmt: skip
+    for j in range(3):
+        leader.handle(push(1.0, j, 100, 4, 0, finished_chunks=(chunks[j][0],)))
+    finish_round(leader, 2.0)
+    later = {j: leader.handle(L.ChunkRequested(3.0, j))[0].chunk for j in range(3)}
+    for j in (0, 1):
+        leader.handle(push(4.0, j, 100, 4, 1, finished_chunks=(chunks[j][1],)))
+    return leader, chunks, later
+
+
+def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_learners():
+    from dipsjax.data import check_invariants, completed_chunks, leases_of
+
+    leader, chunks, later = _resumable()
+    before = totals(leader)
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())), tape=leader.tape)
+    assert copy.resume(10.0) == []
+    # Nothing pending, nothing lost: the two pushes moved from outstanding to dropped.
+    after = totals(copy)
+    assert after["outstanding"] == 0 and before["outstanding"] == 200
+    assert after["dropped"] - before["dropped"] == 200
+    assert after["reported"] == before["reported"]
+    assert copy.round is None and not any(copy.followers_up.values())
+    assert not any(mb.active for mb in copy.members.values())
+    # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
+    # its last push ended.
+    (send,) = copy.handle(L.Join(11.0, 0, resume=True))
+    assert send == L.SendModel(0, 1, (chunks[0][1], later[0]), 1, "dropped")
+    (send2,) = copy.handle(L.Join(11.0, 2, resume=True))
+    assert send2 == L.SendModel(2, 1, (chunks[2][1], later[2]), 0, "applied")
+    assert chunks[0][0] in completed_chunks(copy.data, 0)
+    assert leases_of(copy.data, "0")[0].chunk == chunks[0][1]
+    check_invariants(copy.data)
+    # A push waits until every follower is back at the leader's version.
+    copy.handle(L.PullDone(12.0, 0, 1))
+    assert copy.handle(push(13.0, 0, 100, 4, 1)) == []
+    copy.handle(L.FollowerJoined(14.0, 0, 1))
+    assert kinds(copy.handle(L.FollowerJoined(14.0, 1, 1)))[0] == "PushShards"
+
+
+def test_resume_ends_a_round_every_follower_applied():
+    leader, _, _ = _resumable()
+    leader.handle(push(4.0, 2, 100, 4, 1))
+    rnd = leader.round
+    for j in range(3):
+        leader.handle(L.TransferDone(4.5, j, rnd.round_id))
+    for k in (0, 1):
+        leader.handle(L.FollowerNorms(5.0, k, rnd.round_id, (1.0, 1.0, 1.0)))
+    for k in (0, 1):
+        leader.handle(L.FollowerMerged(5.0, k, rnd.round_id, 0.5))
+    for k in (0, 1):
+        leader.handle(L.FollowerApplied(5.0, k, rnd.round_id, 2))
+    assert leader.phase.value == "pull" and leader.version == 2
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())), tape=leader.tape)
+    copy.resume(6.0)
+    assert copy.round is None and copy.version == 2 and copy.ledger.totals()["applied"] == 600
+    (send,) = copy.handle(L.Join(7.0, 1, resume=True))
+    assert (send.version, send.last_round, send.last_outcome) == (2, rnd.round_id, "applied")
+
+
+def test_a_follower_joining_at_another_version_stops_the_run():
+    leader, _, _ = _resumable()
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    copy.resume(10.0)
+    (stop,) = copy.handle(L.FollowerJoined(11.0, 1, 0))
+    assert isinstance(stop, L.Stop) and "version 0" in stop.reason and copy.stopped

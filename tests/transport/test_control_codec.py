@@ -24,7 +24,7 @@ NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0001))[0]  # pa
 
 # One instance of every class, with non-default values (and optional fields both set and None).
 EXAMPLES = [
-    m.Join(1.25, learner=3, incarnation=2),
+    m.Join(1.25, learner=3, incarnation=2, resume=True),
     m.Leave(2.5, learner=4),
     m.Heartbeat(3.0, learner=5),
     m.Tick(4.75),
@@ -55,7 +55,7 @@ EXAMPLES = [
     m.FollowerApplied(9.0, follower=3, round_id=9, version=10),
     m.FollowerJoined(9.5, follower=4, version=10),
     m.FollowerLost(10.0, follower=5, reason="timeout"),
-    m.SendModel(learner=11, version=12),
+    m.SendModel(learner=11, version=12, leases=(4, 0, 9), last_round=3, last_outcome="dropped"),
     m.PushShards(
         round_id=13,
         learner=14,

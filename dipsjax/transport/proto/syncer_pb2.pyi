@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Join(_message.Message):
-    __slots__ = ("t", "learner", "incarnation")
+    __slots__ = ("t", "learner", "incarnation", "resume")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     incarnation: int
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    resume: bool
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class Leave(_message.Message):
     __slots__ = ("t", "learner")
@@ -167,12 +169,18 @@ class FollowerLost(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class SendModel(_message.Message):
-    __slots__ = ("learner", "version")
+    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
+    LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    leases: _containers.RepeatedScalarFieldContainer[int]
+    last_round: int
+    last_outcome: str
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[int]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")

@@ -184,6 +184,25 @@ class Learner:
         """A copy of the parameters as a plain nested dict of arrays (on the devices)."""
         return params_to_dict(self.inner.copy_params(self._params))
 
+    @property
+    def opt_state(self) -> Any:
+        """The inner (AdamW) state, live (donated by the next step: copy before keeping)."""
+        return self._opt_state
+
+    def set_opt_state(self, state: Any) -> None:
+        """Replaces the inner state (e.g. from a checkpoint) with arrays of the same tree
+        structure and shapes, placed like the current ones."""
+        cur = jax.tree.structure(self._opt_state)
+        if jax.tree.structure(state) != cur:
+            raise ValueError(f"inner state tree {jax.tree.structure(state)} is not {cur}")
+
+        def put(old: jax.Array, new: Any) -> jax.Array:
+            if tuple(jnp.shape(new)) != tuple(old.shape):
+                raise ValueError(f"inner state leaf of shape {jnp.shape(new)}, want {old.shape}")
+            return jax.device_put(jnp.asarray(new, old.dtype), old.sharding)
+
+        self._opt_state = jax.tree.map(put, self._opt_state, state)
+
     def pull(
         self,
         params: Mapping[str, Any] | nnx.State,

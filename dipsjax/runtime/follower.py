@@ -7,23 +7,34 @@ are staged; ``RequestNorms`` / ``Decide`` / ``Apply`` / ``Discard`` arrive on th
 stream and are answered with ``FollowerNorms`` / ``FollowerMerged`` / ``FollowerApplied``.
 Pulls are served from version snapshots while the next round's pushes arrive.
 
-Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K``.
+Checkpoints: after every outer step the :class:`~dipsjax.syncer.follower.FollowerState`
+(version, shard, outer state) is saved asynchronously with orbax to
+``RUN_DIR/follower{k}/ckpt/{version}`` (the 3 newest kept). ``--resume V`` restarts from
+the checkpoint of version ``V`` (the leader's version, which the launcher reads from the
+leader's snapshot: a follower stopped mid-update may have saved one version more). SIGTERM
+exits cleanly, after the writes in flight.
+
+Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K [--resume V]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
+from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
@@ -35,7 +46,7 @@ from dipsjax.transport.dataplane import DataPlaneServer
 class FollowerNode:
     """Follower ``k`` of a run: numerics, data plane and control client."""
 
-    def __init__(self, spec: RunSpec, k: int) -> None:
+    def __init__(self, spec: RunSpec, k: int, resume: int | None = None) -> None:
         self.spec, self.k = spec, k
         self.paths, init = model_layout(spec)
         self.mine = [i for i, owner in enumerate(spec.layer_owner) if owner == k]
@@ -44,12 +55,22 @@ class FollowerNode:
         method = methods.build(
             spec.sim.method, spec.sim.method_settings(spec.layer_owner, len(spec.followers))
         )
+        tx = method.make_tx()
+        self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
+        version, opt_state = 0, None
+        if resume is not None:
+            template = (shard, tx.init(shard))
+            (shard, opt_state), meta = self.ckpt.restore(template, step=resume)
+            version = int(meta["version"])
+            print(f"follower {k}: resumed at version {version}", flush=True)
         self.follower = Follower(
             k,
             shard,
-            method.make_tx(),
+            tx,
             capacity=spec.sim.learners,
             reference=method.reference,
+            version=version,
+            opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
         )
         self.lock = threading.Lock()
@@ -92,6 +113,8 @@ class FollowerNode:
                 v = f.apply(d, action)
                 self._log_decision(d, action)
                 self.tb.add_scalar("follower/apply_s", time.perf_counter() - t0, v)
+                st = f.state
+                self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
                 if v % self.spec.sim.eval_every == 0:
                     self.save(f"v{v}")
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
@@ -142,14 +165,19 @@ class FollowerNode:
             self.tb.close()
         finally:
             self.data.close()
+            self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dipsjax-follower", description=__doc__)
     parser.add_argument("spec")
     parser.add_argument("index", type=int)
+    parser.add_argument(
+        "--resume", type=int, default=None, metavar="V", help="restart from version V's checkpoint"
+    )
     args = parser.parse_args(argv)
-    FollowerNode(RunSpec.read(args.spec), args.index).run()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through the finally blocks
+    FollowerNode(RunSpec.read(args.spec), args.index, args.resume).run()
     return 0
 
 

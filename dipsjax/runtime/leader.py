@@ -13,7 +13,11 @@ Every call must carry the job's credential. After every event the leader's state
 written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape records are appended to
 ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
-Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json``.
+``--resume`` restarts from that snapshot and tape (the clock continues from the last
+status), then :meth:`Leader.resume`: what was in flight is dropped and counted, and every
+follower and learner must come back (they restart from their own checkpoints).
+
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume]``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dipsjax.runtime.spec import RunSpec
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.leader import Leader
+from dipsjax.syncer.tape import EventTape
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
@@ -74,6 +79,9 @@ class LeaderNode:
         self.pending: dict[tuple[str, int], list] = defaultdict(list)
         self.t0 = time.monotonic()
         self.dir = Path(spec.run_dir)
+        status = self.dir / "leader" / "status.json"
+        if leader is not None and status.exists():  # resumed: the clock goes on
+            self.t0 -= float(json.loads(status.read_text())["t"])
         (self.dir / "leader").mkdir(parents=True, exist_ok=True)
         self.tape_path = self.dir / "tape.jsonl"
         self.taped = len(self.leader.tape.records)
@@ -87,7 +95,10 @@ class LeaderNode:
     def handle(self, event: m.Event) -> list[m.Action]:
         """One event through the core; routes and persists what it produced."""
         event = dataclasses.replace(event, t=self.now())  # the leader's clock, not the sender's
-        actions = self.leader.handle(event)
+        return self.carry_out(self.leader.handle(event))
+
+    def carry_out(self, actions: list[m.Action]) -> list[m.Action]:
+        """Routes the core's actions, persists; returns the caller's replies."""
         replies = []
         for a in actions:
             if isinstance(a, m.WakeAt):
@@ -245,9 +256,22 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
                 return
 
 
-async def serve(spec: RunSpec) -> None:
-    node = LeaderNode(spec)
+def restored(spec: RunSpec) -> Leader:
+    """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
+    run_dir = Path(spec.run_dir)
+    snap = run_dir / "leader" / "snapshot.json"
+    if not snap.exists():
+        raise FileNotFoundError(f"--resume: no leader snapshot at {snap}")
+    tape_path = run_dir / "tape.jsonl"
+    tape = EventTape.read(tape_path) if tape_path.exists() else None
+    return Leader.restore(json.loads(snap.read_text()), tape=tape)
+
+
+async def serve(spec: RunSpec, resume: bool = False) -> None:
+    node = LeaderNode(spec, restored(spec) if resume else None)
     node.loop = asyncio.get_running_loop()
+    if resume:
+        node.carry_out(node.leader.resume(node.now()))
     server = grpc.aio.server()
     syncer_pb2_grpc.add_SyncerServicer_to_server(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
@@ -273,8 +297,9 @@ async def serve(spec: RunSpec) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
+    parser.add_argument("--resume", action="store_true", help="restart from its snapshot")
     args = parser.parse_args(argv)
-    asyncio.run(serve(RunSpec.read(args.spec)))
+    asyncio.run(serve(RunSpec.read(args.spec), args.resume))
     return 0
 
 

@@ -13,7 +13,17 @@ The learner's arithmetic is the simulator's (:mod:`dipsjax.sim.world`: the same 
 batches, pseudo-gradient and wire codec), so a run's tape replays through
 :func:`dipsjax.sim.replay.replay`.
 
-Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N]``.
+Checkpoints (orbax, asynchronous, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept): the
+inner AdamW state with the data position and counters, at every round start (``start``)
+and, when waiting, once its push is on the followers and before it is reported done
+(``pushed``). ``--resume`` restarts from the newest: the learner rejoins with the same
+incarnation, learns from the leader how its last push ended (if it was dropped, it goes
+back to that round's start and trains it again), pulls the current version, and first
+trains the chunks still leased to it (the leader lists them, in lease order) before it
+leases new ones, so its data continues exactly where it stopped. SIGTERM exits cleanly at
+the next safe point, after the checkpoint writes in flight.
+
+Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N] [--resume]``.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -35,9 +47,10 @@ from tensorboardX import SummaryWriter
 
 from dipsjax import outer
 from dipsjax.data import ByteTokenizer, train_chunks
-from dipsjax.data.pipeline import BatchStream
+from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.model.configs import get_config
+from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
@@ -53,8 +66,8 @@ class Stopped(Exception):
 class LearnerNode:
     """Learner ``j`` of a run (see module docstring)."""
 
-    def __init__(self, spec: RunSpec, j: int, incarnation: int = 0) -> None:
-        self.spec, self.j, self.incarnation = spec, j, incarnation
+    def __init__(self, spec: RunSpec, j: int, incarnation: int = 0, resume: bool = False) -> None:
+        self.spec, self.j, self.incarnation, self.resume = spec, j, incarnation, resume
         cfg = spec.sim
         self.reference = methods.build(cfg.method).reference
         self.learner = Learner(
@@ -73,8 +86,12 @@ class LearnerNode:
             validation_doc=cfg.validation_doc,
         )
         self.stream = BatchStream(
-            chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.lease
+            chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.next_chunk
         )
+        self.regrant: list[int] = []  # resumed: chunks still leased to it, trained first
+        self.ckpt = Checkpoints(Path(spec.run_dir) / f"learner{j}" / "ckpt")
+        self.saved_round = -1  # the round whose start was checkpointed
+        self.terminating = False  # SIGTERM: stop at the next safe point
         self.control = ControlClient(spec, learner=j)
         self.data = [DataPlaneClient(address(a)) for a in spec.followers]
         self.pull_data = [DataPlaneClient(address(a)) for a in spec.followers]
@@ -87,9 +104,20 @@ class LearnerNode:
         self.stop = threading.Event()
         self.rounds = 0
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
+        # Tokens of every push the leader took (its reply came back), across restarts: the
+        # learner's side of the token balance. Never rolled back with a checkpoint.
+        self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
+        self.reported = (
+            json.loads(self.reported_path.read_text())["tokens"]
+            if resume and self.reported_path.exists()
+            else 0
+        )
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
 
     # -- control ---------------------------------------------------------------------
+
+    def next_chunk(self) -> int | None:
+        return self.regrant.pop(0) if self.regrant else self.lease()
 
     def lease(self) -> int | None:
         for a in self.control.call(m.ChunkRequested(0.0, self.j)):
@@ -118,6 +146,8 @@ class LearnerNode:
         """Raises :class:`Stopped` if the leader stopped the job (without blocking)."""
         with self.actions.mutex:
             pending = list(self.actions.queue)
+        if self.terminating:
+            raise Stopped("SIGTERM")
         for a in pending:
             if isinstance(a, Exception):
                 raise Stopped(f"control stream lost: {a}")
@@ -126,7 +156,12 @@ class LearnerNode:
 
     def wait_for(self, *kinds: type) -> m.Action:
         while True:
-            a = self.actions.get()
+            if self.terminating:
+                raise Stopped("SIGTERM")
+            try:
+                a = self.actions.get(timeout=0.2)
+            except queue.Empty:
+                continue
             if isinstance(a, Exception):
                 raise Stopped(f"control stream lost: {a}")
             if isinstance(a, m.Stop):
@@ -207,10 +242,10 @@ class LearnerNode:
         if errors:
             raise errors[0]
 
-    def adopt(self, version: int, first: bool) -> None:
+    def adopt(self, version: int, first: bool, rounds: int = -1) -> None:
         v, params = self.pull(version)
         self.take(v, params, first)
-        self.control.call(m.PullDone(0.0, self.j, v))
+        self.control.call(m.PullDone(0.0, self.j, v, rounds))
 
     def take(self, version: int, params: dict, first: bool = False) -> None:
         """Starts from a global version: its parameters (``replace``), or, with
@@ -220,6 +255,64 @@ class LearnerNode:
             own = add_global_change(self.learner.params_dict(), params, self.base)
         self.learner.pull(own, version=version, reset_optimizer=first)
         self.base = params
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save(self, kind: str, round_id: int = -1) -> None:
+        """Checkpoints the inner state, data position and counters (asynchronously)."""
+        meta = {
+            "kind": kind,
+            "rounds": self.rounds,
+            "round_id": round_id,
+            "version": self.learner.version,
+            "position": self.stream.position.to_dict(),
+            "tokens": self.trained["tokens"],
+        }
+        self.ckpt.save(2 * self.rounds + (kind == "pushed"), self.learner.opt_state, meta)
+
+    def restore(self, send: m.SendModel) -> dict[str, Any]:
+        """Resumes from the newest checkpoint (or the round start before it, if the push it
+        recorded was dropped); returns what it restored (also ``learner{j}/resumed.json``)."""
+        steps = self.ckpt.steps()
+        record: dict[str, Any] = {"version": send.version, "leases": list(send.leases)}
+        if not steps:  # stopped before its first round: start afresh, on its own leases
+            self.regrant = list(send.leases)
+            record.update(step=None, regrant=self.regrant)
+            return record
+        newest = self.ckpt.meta(steps[-1])
+        step = steps[-1]
+        counted = send.last_round == newest["round_id"] and send.last_outcome in (
+            "applied",
+            "rejected",
+        )
+        if newest["kind"] == "pushed" and not counted:
+            step -= 1  # its push never made it into a round: train that round again
+        state, meta = self.ckpt.restore(self.learner.opt_state, step)
+        self.ckpt.drop_after(step)
+        self.learner.set_opt_state(state)
+        pos = StreamPosition.from_dict(meta["position"])
+        cfg = self.spec.sim
+        self.stream = BatchStream(
+            self.stream.chunks,
+            batch_size=cfg.batch_size,
+            seq_len=cfg.seq_len,
+            source=self.next_chunk,
+            position=pos,
+        )
+        self.regrant = [c for c in send.leases if c != pos.chunk]
+        self.rounds = meta["rounds"] + (meta["kind"] == "pushed")
+        self.saved_round = meta["rounds"] if meta["kind"] == "start" else -1
+        self.trained["tokens"] = meta["tokens"]
+        record.update(
+            step=step,
+            kind=meta["kind"],
+            rounds=self.rounds,
+            position=meta["position"],
+            regrant=list(self.regrant),
+            last_round=send.last_round,
+            last_outcome=send.last_outcome,
+        )
+        return record
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -239,6 +332,12 @@ class LearnerNode:
         tr["first"] = started if tr["first"] is None else tr["first"]
         tr["last"] = time.perf_counter()
 
+    def _write_reported(self) -> None:
+        tmp = self.reported_path.with_suffix(".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"tokens": self.reported}))
+        os.replace(tmp, self.reported_path)  # atomic: a stop never leaves half a file
+
     def write_stats(self) -> None:
         """``RUN_DIR/learner{j}/stats.json``: tokens trained and the seconds from the start of
         the first round to the end of the last (what ``benchmarks/system.py`` compares)."""
@@ -246,7 +345,12 @@ class LearnerNode:
         seconds = (tr["last"] - tr["first"]) if tr["first"] is not None else 0.0
         out = Path(self.spec.run_dir) / f"learner{self.j}"
         out.mkdir(parents=True, exist_ok=True)
-        stats = {"tokens": tr["tokens"], "seconds": seconds, "rounds": self.rounds}
+        stats = {
+            "tokens": tr["tokens"],
+            "seconds": seconds,
+            "rounds": self.rounds,
+            "reported": self.reported,
+        }
         (out / "stats.json").write_text(json.dumps(stats))
 
     def solo(self, rounds: int) -> None:
@@ -277,8 +381,15 @@ class LearnerNode:
         if overlap:
             threading.Thread(target=self._puller, daemon=True).start()
         try:
-            self.control.call(m.Join(0.0, self.j, self.incarnation))
-            self.adopt(self.wait_for(m.SendModel).version, first=True)
+            self.control.call(m.Join(0.0, self.j, self.incarnation, resume=self.resume))
+            send = self.wait_for(m.SendModel)
+            if self.resume:
+                record = self.restore(send)
+                out = Path(self.spec.run_dir) / f"learner{self.j}"
+                (out / "resumed.json").write_text(json.dumps(record))
+                print(f"learner {self.j}: resumed {record}", flush=True)
+            kept = self.rounds if self.resume else -1  # rounds its restored state trained
+            self.adopt(send.version, first=not self.resume, rounds=kept)
             speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
             pulled = True
             while True:
@@ -286,6 +397,10 @@ class LearnerNode:
                 if overlap and latest is not None and latest[0] > self.learner.version:
                     self.take(*latest)  # the newest version, at a round start
                     pulled = True
+                self.check_stopped()
+                if self.saved_round != self.rounds:
+                    self.save("start")
+                    self.saved_round = self.rounds
                 data = self.stream.take_round(self.spec.sim.inner_steps)
                 if not data.batches:
                     time.sleep(0.5)  # no chunk to lease now
@@ -307,10 +422,14 @@ class LearnerNode:
                 while overlap and not self.fresh.wait(0.5):  # one push in flight at a time
                     self.check_stopped()
                 self.control.call(m.PushRequested(0.0, self.j, meta))
+                self.reported += meta.tokens
+                self._write_reported()
                 a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
                 if not isinstance(a, m.PushShards):
                     raise Stopped(f"{type(a).__name__}: {a.reason}")
                 self.push(a, delta)
+                if not overlap:
+                    self.save("pushed", a.round_id)
                 if overlap:
                     self.fresh.clear()
                 self.control.call(m.TransferDone(0.0, self.j, a.round_id))
@@ -329,6 +448,7 @@ class LearnerNode:
             self.write_stats()
             self.stop.set()
             self.tb.close()
+            self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             for c in self.data + self.pull_data:
                 c.close()
 
@@ -339,8 +459,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("index", type=int)
     parser.add_argument("--incarnation", type=int, default=0)
     parser.add_argument("--solo", type=int, default=0, help="train this many rounds alone")
+    parser.add_argument("--resume", action="store_true", help="restart from its checkpoints")
     args = parser.parse_args(argv)
-    node = LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation)
+    node = LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation, args.resume)
+
+    def on_term(*_: Any) -> None:
+        node.terminating = True  # no locks here: the loop checks it at its safe points
+
+    signal.signal(signal.SIGTERM, on_term)
     if args.solo:
         node.solo(args.solo)
     else:

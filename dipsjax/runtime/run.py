@@ -7,12 +7,18 @@ leader's progress every few seconds, waits for the token budget, and ends with a
 the event tape (``RUN_DIR/tape.jsonl``). Ctrl-C (or SIGTERM) stops every process it
 started, cleanly, within seconds.
 
+Every role checkpoints as it goes (followers: shard and outer state after each outer step;
+learners: inner state and data position each round; the leader: its metadata after each
+event). ``dipsjax run --resume RUN_DIR`` restarts a stopped run's processes from their
+newest checkpoints, on fresh ports, and continues to the budget.
+
 Run: ``.venv/bin/dipsjax run`` (``configs/quickstart.py``; ``--method``, ``--arg ci``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import secrets
@@ -72,8 +78,9 @@ def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 2.0) ->
 class Processes:
     """The processes of one run; stops them all, whatever happens."""
 
-    def __init__(self, spec: RunSpec) -> None:
+    def __init__(self, spec: RunSpec, append: bool = False) -> None:
         self.spec = spec
+        self.mode = "a" if append else "w"
         self.logs = Path(spec.run_dir) / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
@@ -81,7 +88,7 @@ class Processes:
     def start(self, name: str, module: str, *args: str, core: int | None = None) -> None:
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", module, str(Path(self.spec.run_dir) / "spec.json"), *args]
-        log = (self.logs / f"{name}.log").open("w")
+        log = (self.logs / f"{name}.log").open(self.mode)
         cores = os.sched_getaffinity(0)
         pin = None if core is None else {sorted(cores)[core % len(cores)]}
         self.procs[name] = subprocess.Popen(
@@ -266,14 +273,41 @@ def report(spec: RunSpec, summary: dict[str, Any]) -> None:
     )
 
 
+def resumable(run_dir: Path) -> RunSpec:
+    """A stopped run's spec with fresh ports (the old ones may be taken by now)."""
+    path = Path(run_dir) / "spec.json"
+    if not path.exists():
+        raise FileNotFoundError(f"--resume: {path} not found (not a run folder?)")
+    spec = RunSpec.read(path)
+    if not (Path(run_dir) / "leader" / "snapshot.json").exists():
+        raise FileNotFoundError(f"--resume: {run_dir} has no leader snapshot to resume from")
+    return dataclasses.replace(
+        spec,
+        leader=f"127.0.0.1:{free_port()}",
+        followers=tuple(f"127.0.0.1:{free_port()}" for _ in spec.followers),
+    )
+
+
 def launch(
-    spec: RunSpec, *, timeout: float = 1800.0, progress: bool = True, evaluate: bool = True
+    spec: RunSpec,
+    *,
+    timeout: float = 1800.0,
+    progress: bool = True,
+    evaluate: bool = True,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Runs the job described by ``spec`` to its token budget; returns the tape's summary."""
+    """Runs the job described by ``spec`` to its token budget; returns the tape's summary.
+    With ``resume``, every process restarts from its newest checkpoint in ``spec.run_dir``
+    (followers from the leader's version)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec.write(run_dir / "spec.json")
-    procs = Processes(spec)
+    procs = Processes(spec, append=resume)
+    again: list[str] = []
+    follower_again: list[str] = []
+    if resume:
+        snap = json.loads((run_dir / "leader" / "snapshot.json").read_text())
+        again, follower_again = ["--resume"], ["--resume", str(snap["version"])]
     status_path = run_dir / "leader" / "status.json"
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -282,11 +316,11 @@ def launch(
     previous = signal.signal(signal.SIGTERM, on_signal)
     t0 = time.monotonic()
     try:
-        procs.start("leader", "dipsjax.runtime.leader")
+        procs.start("leader", "dipsjax.runtime.leader", *again)
         for k in range(len(spec.followers)):
-            procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k))
+            procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k), *follower_again)
         for j in range(spec.sim.learners):
-            procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), core=j)
+            procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), *again, core=j)
         pids = {name: p.pid for name, p in procs.procs.items()}
         (run_dir / "pids.json").write_text(json.dumps(pids))
         last = 0.0
@@ -344,7 +378,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arg", default=None, help="argument to get_config (e.g. 'ci')")
     parser.add_argument("--method", default=None, help="dips, decoupled, sync_diloco, naive_async")
     parser.add_argument("--out", default=None, help="run folder (default runs/NAME-TIME)")
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue a stopped run",
+    )
     args = parser.parse_args(argv)
+    if args.resume:
+        try:
+            spec = resumable(Path(args.resume))
+        except (FileNotFoundError, ValueError, KeyError) as e:
+            parser.error(str(e))
+        print(f"resuming {args.resume}: {spec.sim.method}", flush=True)
+        try:
+            summary = launch(spec, resume=True)
+        except KeyboardInterrupt:
+            print("stopped: every process was ended", flush=True)
+            return 130
+        report(spec, summary)
+        return 0
     cfg = load_experiment(args.config, args.arg)
     fields = dict(cfg.sim)
     if args.method:

@@ -5,6 +5,11 @@ contribution from the global parameters of its base version with the data the re
 (start position and chunks leased; its AdamW state continuing from its previous contribution
 in the same incarnation), the followers stage it, recompute the norms (checked against the
 tape) and apply the recorded decision. Bit-for-bit equal to the run that wrote the tape.
+
+A run resumed from checkpoints (``--resume``) puts the pushes it lost in an unapplied
+round, and each resumed learner's ``active`` record says how many of its rounds its
+restored inner state had trained: replay takes the learner's AdamW state back to that
+point before its first push after the restart, as the learner did.
 """
 
 from __future__ import annotations
@@ -35,13 +40,23 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
     versions = {0: world.init_params}
     learners: dict[int, tuple[int, Learner]] = {}
     adopted: dict[int, tuple[int, dict]] = {}  # per learner: (incarnation, last version taken)
+    history: dict[int, list[Any]] = {}  # per learner: its inner state after each round
+    resumes: dict[int, list[tuple[float, int]]] = {}  # per learner: (time, rounds kept)
+    for r in tape.records:
+        if r["kind"] == "membership" and r["event"] == "active" and "rounds" in r:
+            resumes.setdefault(r["learner"], []).append((r["t"], r["rounds"]))
     for rec in tape.round_records():
         kept = {p.learner for p in rec.participants}
         for p in sorted(rec.participants + rec.dropped, key=lambda p: p.pushed_at):
             j, meta = p.learner, p.meta
             if j not in learners or learners[j][0] != meta.incarnation:
                 learners[j] = (meta.incarnation, world.learner(j))
+                history[j] = [_copy(learners[j][1].opt_state)]
             learner = learners[j][1]
+            while resumes.get(j) and resumes[j][0][0] < p.pushed_at:
+                _, kept_rounds = resumes[j].pop(0)
+                learner.set_opt_state(history[j][kept_rounds])
+                del history[j][kept_rounds + 1 :]
             if meta.pulled:
                 params = versions[meta.base_version]
                 fresh = adopted.get(j) is None or adopted[j][0] != meta.incarnation
@@ -53,6 +68,7 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
             stream = world.stream(list(meta.new_chunks), position=pos)
             batches = [b.tokens for b in itertools.islice(stream, meta.steps)]
             contrib = learner.run_round(batches, num_steps=meta.steps, reference="start")
+            history[j].append(_copy(learner.opt_state))
             if j not in kept:
                 continue  # dropped as stale: retrained only to carry the learner's state on
             base = versions.get(meta.base_version)
@@ -86,6 +102,10 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
             f.apply(decision, apply)
         versions[rec.version] = jax.device_get(outer.merge_trees([f.pull()[1] for f in followers]))
     return versions[max(versions)]
+
+
+def _copy(tree: Any) -> Any:
+    return jax.tree.map(np.array, jax.device_get(tree))
 
 
 def tree_equal(a: Any, b: Any) -> bool:

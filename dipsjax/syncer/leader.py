@@ -342,6 +342,8 @@ class Leader:
     def handle(self, event: Event) -> list[Action]:
         """Consumes one event and returns the actions to carry out, in order."""
         if self.stopped:
+            if isinstance(event, PushRequested):  # booked, so the learners' count balances
+                return self._refuse(event, "the job has stopped")
             return []
         handler = getattr(self, f"_on_{type(event).__name__}", None)
         if handler is None:
@@ -450,7 +452,8 @@ class Leader:
         member = self.members.get(ev.learner)
         if member is not None and not member.active:
             member.active = True
-            self._membership(ev.t, "active", ev.learner, pulled_version=ev.version)
+            extra = {} if ev.rounds < 0 else {"rounds": ev.rounds}
+            self._membership(ev.t, "active", ev.learner, pulled_version=ev.version, **extra)
         rnd = self.round
         if rnd is not None and rnd.phase is Phase.PULL and ev.learner in rnd.pulling:
             rnd.pulling.remove(ev.learner)
@@ -896,25 +899,30 @@ class Leader:
         if self.stopped:
             return []
         self.tape.append("resume", t=t, version=self.version)
-        for p in self.waiting:
-            self._settle(p, "dropped", release=False)
-        self.waiting = []
         actions: list[Action] = []
-        rnd = self.round
         for k in self.followers_up:
             self.followers_up[k] = False
+        rnd, waiting, self.waiting = self.round, self.waiting, []
         if rnd is not None and rnd.applied:
             rnd.pulling = []  # its learners pull through SendModel when they rejoin
             actions += self._end_round(t)
-        elif rnd is not None:
-            for p in rnd.pushes:
+            rnd = None
+        lost = [p for p in waiting + (rnd.pushes if rnd is not None else []) if p.outcome is None]
+        if lost or rnd is not None:
+            # One unapplied round on the tape holds every push lost (replay retrains them,
+            # as the learners did before they stopped).
+            if rnd is None:
+                rnd = Round(round_id=self.next_round_id, opened=t)
+                self.next_round_id += 1
+            for p in lost:
+                self.tokens_taken -= p.tokens  # trained again: counted when pushed again
                 self._settle(p, "dropped", release=False)
-            rnd.dropped += rnd.pushes
-            rnd.pushes = []
+            rnd.dropped += lost
+            rnd.pushes = [p for p in rnd.pushes if p.outcome is not None]  # rejected ones
             rnd.decision = None
             rnd.decided_version = self.version
             self.tape.append("round", **self.round_record(rnd, t).to_json())
-            self.round = None
+        self.round = None
         for member in self.members.values():
             member.active = False
             member.last_seen = t

@@ -117,8 +117,12 @@ class TransferDone(Event):
 
 @dataclasses.dataclass(frozen=True)
 class PullDone(Event):
+    """A learner holds ``version``. A resumed learner also says how many of its rounds its
+    restored inner state has trained (``rounds``; ``-1``: not resuming), for replay."""
+
     learner: int
     version: int
+    rounds: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -213,7 +213,7 @@ def test_token_budget_stops_after_the_round():
     leader.handle(push(0.0, 1, 20, 1, 0))
     _, _, _, after = finish_round(leader, 1.0)
     assert after == [L.Stop("token budget 25 reached")]
-    assert leader.handle(push(2.0, 0, 1, 1, 1)) == []
+    assert leader.handle(push(2.0, 0, 1, 1, 1)) == [L.Refuse(0, "the job has stopped")]
 
 
 def test_duplicate_reports_are_ignored():
@@ -622,6 +622,8 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     assert after["outstanding"] == 0 and before["outstanding"] == 200
     assert after["dropped"] - before["dropped"] == 200
     assert after["reported"] == before["reported"]
+    # They are trained again, so they count towards the budget once, when pushed again.
+    assert copy.tokens_taken == leader.tokens_taken - 200 == 300
     assert copy.round is None and not any(copy.followers_up.values())
     assert not any(mb.active for mb in copy.members.values())
     # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
@@ -666,3 +668,15 @@ def test_a_follower_joining_at_another_version_stops_the_run():
     copy.resume(10.0)
     (stop,) = copy.handle(L.FollowerJoined(11.0, 1, 0))
     assert isinstance(stop, L.Stop) and "version 0" in stop.reason and copy.stopped
+
+
+def test_a_push_after_the_stop_is_refused_and_booked():
+    leader = Leader(LeaderConfig(penalty=False, token_budget=100), NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 100, 1, 0))
+    finish_round(leader, 1.0)
+    assert leader.stopped
+    (refuse,) = leader.handle(push(2.0, 1, 40, 1, 0))
+    assert isinstance(refuse, L.Refuse)
+    tot = leader.ledger.totals()
+    assert tot["reported"] == 140 and tot["dropped"] == 40 and tot["applied"] == 100

@@ -46,7 +46,7 @@ EXAMPLES = [
     ),
     m.PushRequested(-0.0, learner=0, meta=m.PushMeta(tokens=-1, steps=-2, base_version=0)),
     m.TransferDone(6.0, learner=7, round_id=8),
-    m.PullDone(6.5, learner=8, version=9),
+    m.PullDone(6.5, learner=8, version=9, rounds=4),
     m.ChunkRequested(7.0, learner=9),
     m.LearnerFailed(7.5, learner=10, reason="oom: ünïcødé ✓"),
     m.FollowerNorms(8.0, follower=1, round_id=9, sq_norms=(1.0, NAN, INF, -INF, -0.0, 5e-324)),

@@ -85,14 +85,16 @@ class TransferDone(_message.Message):
     def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., round_id: _Optional[int] = ...) -> None: ...
 
 class PullDone(_message.Message):
-    __slots__ = ("t", "learner", "version")
+    __slots__ = ("t", "learner", "version", "rounds")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     version: int
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    rounds: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., version: _Optional[int] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class ChunkRequested(_message.Message):
     __slots__ = ("t", "learner")

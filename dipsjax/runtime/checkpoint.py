@@ -1,0 +1,94 @@
+"""Checkpoints of the runtime's processes: orbax, asynchronous, the few newest kept.
+
+A :class:`Checkpoints` is one orbax ``CheckpointManager`` over a folder: each step holds a
+pytree of arrays (``state``: a follower's shard and outer state, a learner's inner state)
+and a small JSON document (``meta``: version, data position, counters). Saving returns at
+once and writes in the background (orbax's async checkpointing); :meth:`close` waits for
+writes in flight, so a process that exits cleanly (SIGTERM) leaves its newest checkpoint
+whole. A step is on disk only once complete (orbax commits a step by renaming its folder).
+
+The tree is stored as its list of leaves and rebuilt on :meth:`restore` against a
+template of the same structure (a freshly initialized state), so any pytree (optax states,
+NNX states) round-trips without registering anything with orbax.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+class Checkpoints:
+    """Asynchronous orbax checkpoints in ``directory``, keeping the ``keep`` newest."""
+
+    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+        import orbax.checkpoint as ocp
+
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self._ocp = ocp
+        self.directory = Path(directory).absolute()
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True),
+        )
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        """Starts writing ``state`` (copied now: later updates may reuse its buffers) and
+        ``meta`` as ``step``; returns before the write finishes."""
+        leaves = {f"{i:06d}": np.array(x, copy=True) for i, x in enumerate(jax.tree.leaves(state))}
+        args = self._ocp.args
+        self.manager.save(
+            step,
+            args=args.Composite(state=args.StandardSave(leaves), meta=args.JsonSave(meta)),
+        )
+
+    def steps(self) -> list[int]:
+        """Complete steps on disk, oldest first (waits for writes in flight)."""
+        self.manager.wait_until_finished()
+        return sorted(self.manager.all_steps())
+
+    def drop_after(self, step: int) -> None:
+        """Deletes every step newer than ``step`` (a process that resumed from ``step``
+        writes its later steps again)."""
+        for s in self.steps():
+            if s > step:
+                self.manager.delete(s)
+
+    def meta(self, step: int) -> dict[str, Any]:
+        """The JSON document of ``step``."""
+        args = self._ocp.args
+        return dict(self.manager.restore(step, args=args.Composite(meta=args.JsonRestore())).meta)
+
+    def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """``(state, meta)`` of ``step`` (default: the newest), the state as numpy arrays in
+        ``template``'s tree structure. Raises ``FileNotFoundError`` naming the folder when
+        there is no such step, ``ValueError`` when the saved tree does not fit the template."""
+        steps = self.steps()
+        if not steps or (step is not None and step not in steps):
+            want = "any step" if step is None else f"step {step}"
+            raise FileNotFoundError(f"no checkpoint with {want} in {self.directory} (has {steps})")
+        step = steps[-1] if step is None else step
+        tmpl_leaves, treedef = jax.tree.flatten(template)
+        target = {f"{i:06d}": np.zeros_like(np.asarray(x)) for i, x in enumerate(tmpl_leaves)}
+        args = self._ocp.args
+        got = self.manager.restore(
+            step,
+            args=args.Composite(state=args.StandardRestore(target), meta=args.JsonRestore()),
+        )
+        leaves = [np.asarray(got.state[k]) for k in sorted(target)]
+        for k, x, t in zip(sorted(target), leaves, tmpl_leaves, strict=True):
+            if x.shape != np.shape(t):
+                raise ValueError(
+                    f"checkpoint {self.directory}/{step}: leaf {k} has shape {x.shape}, the "
+                    f"model wants {np.shape(t)}"
+                )
+        return jax.tree.unflatten(treedef, leaves), dict(got.meta)
+
+    def close(self) -> None:
+        """Waits for writes in flight, then releases orbax's threads."""
+        self.manager.wait_until_finished()
+        self.manager.close()

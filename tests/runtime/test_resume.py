@@ -1,0 +1,144 @@
+"""Stop every process of a run and ``--resume`` it from the checkpoints (real processes)."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dipsjax.runtime.checkpoint import Checkpoints
+from dipsjax.runtime.run import final_params, launch, make_spec, resumable
+from dipsjax.sim.config import SimConfig
+from dipsjax.sim.replay import replay, tree_equal
+from dipsjax.syncer.tape import EventTape
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LAUNCH = (
+    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
+)
+
+
+def _stop_at_version(spec, version, tmp_path, after=0.5):
+    """Runs ``spec`` in a launcher process and Ctrl-C's it once the leader is at
+    ``version`` (plus ``after`` seconds, to land mid-round)."""
+    spec_path = tmp_path / "spec-for-launcher.json"
+    spec.write(spec_path)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(spec_path)])
+    status = tmp_path / "run" / "leader" / "status.json"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            if json.loads(status.read_text())["version"] >= version:
+                break
+        except (OSError, ValueError):
+            pass
+    else:
+        launcher.kill()
+        pytest.fail("the run never reached version {version}")
+    time.sleep(after)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(60) != 0
+
+
+def _saved(run):
+    """What the stopped run left on disk: the leader's snapshot and every learner's and
+    follower's checkpoints (metadata of each step)."""
+    snap = json.loads((run / "leader" / "snapshot.json").read_text())
+    learners = {}
+    for d in sorted(run.glob("learner*")):
+        ck = Checkpoints(d / "ckpt")
+        learners[d.name] = {s: ck.meta(s) for s in ck.steps()}
+        ck.close()
+    followers = {}
+    for d in sorted(run.glob("follower*")):
+        ck = Checkpoints(d / "ckpt")
+        followers[d.name] = {s: ck.meta(s)["version"] for s in ck.steps()}
+        ck.close()
+    return snap, learners, followers
+
+
+def _check_resumed(run, sim, summary, saved):
+    snap, learners, followers = saved
+    v = snap["version"]
+    # Every follower came back at the leader's version, from its checkpoint of it.
+    for name, steps in followers.items():
+        assert steps[v] == v
+        assert f"{name[:8]} {name[8:]}: resumed at version {v}" in (
+            (run / "logs" / f"{name}.log").read_text()
+        )
+    tape = EventTape.read(run / "tape.jsonl")
+    (resume,) = [r for r in tape.records if r["kind"] == "resume"]
+    assert resume["version"] == v
+    # Every learner picked up at a checkpoint it saved: that step's data position, and the
+    # chunks still leased to it first.
+    for name, metas in learners.items():
+        got = json.loads((run / name / "resumed.json").read_text())
+        assert got["step"] in metas and got["position"] == metas[got["step"]]["position"]
+        assert got["version"] == v and got["regrant"] == [
+            c for c in got["leases"] if c != got["position"]["chunk"]
+        ]
+        if metas[got["step"] + 1 if got["step"] + 1 in metas else got["step"]]["kind"] == "pushed":
+            assert got["step"] % 2 == (got["last_outcome"] in ("applied", "rejected"))
+    # The rounds after the restart start from the resumed version.
+    after = [r for r in tape.round_records() if r.timings["opened"] > resume["t"]]
+    assert after and min(p.meta.base_version for r in after for p in r.participants) == v
+    # Tokens: what the learners reported (counted at the learners, across the restart)
+    # equals what the leader booked, and every push ended somewhere.
+    tokens = summary["leader_tokens"]
+    reported = sum(
+        json.loads((run / f"learner{j}" / "stats.json").read_text())["reported"]
+        for j in range(sim.learners)
+    )
+    assert (
+        reported == tokens["reported"] == tokens["applied"] + tokens["rejected"] + tokens["dropped"]
+    )
+    # The resumed run's tape still replays to its parameters.
+    version, params = final_params(run)
+    assert tree_equal(replay(sim, tape), params)
+    return version, params
+
+
+def test_sync_diloco_resumed_ends_exactly_where_an_uninterrupted_run_ends(tmp_path):
+    """Synchronous DiLoCo with dealt chunks: its rounds do not depend on timing, so a run
+    stopped mid-round and resumed must end with the same parameters, bit for bit (tolerance
+    0: the same inputs go through the same compiled code in the same order on this machine,
+    and the leader merges in learner order whatever the arrival order)."""
+    sim = SimConfig(
+        method="sync_diloco",
+        learners=2,
+        followers=2,
+        token_budget=2 * 16 * 512 * 6,
+        speeds=(1.0, 1.5),
+        deal_chunks=True,
+    )
+    ref = launch(make_spec(sim, tmp_path / "ref", 1.0), timeout=400, progress=False, evaluate=False)
+    (tmp_path / "b").mkdir()
+    spec = make_spec(sim, tmp_path / "b" / "run", heartbeat_interval=1.0)
+    _stop_at_version(spec, 3, tmp_path / "b")
+    run = tmp_path / "b" / "run"
+    saved = _saved(run)
+    assert 3 <= saved[0]["version"] < ref["version"]  # stopped part way
+    summary = launch(resumable(run), timeout=400, progress=False, evaluate=False, resume=True)
+    version, params = _check_resumed(run, sim, summary, saved)
+    ref_version, ref_params = final_params(tmp_path / "ref")
+    assert version == ref_version == 6
+    assert tree_equal(params, ref_params)
+
+
+def test_dips_resumed_continues_from_every_checkpoint(tmp_path):
+    sim = SimConfig(
+        method="dips", learners=3, followers=2, token_budget=3 * 16 * 512 * 6, speeds=(1, 1.4, 2)
+    )
+    spec = make_spec(sim, tmp_path / "run", heartbeat_interval=1.0)
+    _stop_at_version(spec, 3, tmp_path, after=0.3)
+    saved = _saved(tmp_path / "run")
+    summary = launch(
+        resumable(tmp_path / "run"), timeout=400, progress=False, evaluate=False, resume=True
+    )
+    _check_resumed(tmp_path / "run", sim, summary, saved)
+    assert summary["leader_tokens"]["reported"] >= sim.token_budget

@@ -108,6 +108,7 @@ class FollowerNode:
             elif isinstance(action, m.Decide):
                 reply = m.FollowerMerged(0.0, k, action.round_id, f.merged_partial(action))
             elif isinstance(action, m.Apply):
+                time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
                 t0 = time.perf_counter()
                 d = f.decisions[action.round_id]
                 v = f.apply(d, action)

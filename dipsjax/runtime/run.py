@@ -319,13 +319,24 @@ def launch(
         procs.start("leader", "dipsjax.runtime.leader", *again)
         for k in range(len(spec.followers)):
             procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k), *follower_again)
-        for j in range(spec.sim.learners):
-            procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), *again, core=j)
-        pids = {name: p.pid for name, p in procs.procs.items()}
-        (run_dir / "pids.json").write_text(json.dumps(pids))
+        # A learner with a join time in the config (``joins``: (learner, seconds)) starts
+        # that many seconds after the launch: it joins mid-run.
+        later = {} if resume else {int(j): float(t) for j, t in spec.sim.joins}
+
+        def start_learners() -> None:
+            for j in range(spec.sim.learners):
+                due = time.monotonic() - t0 >= later.get(j, 0.0)
+                if f"learner{j}" not in procs.procs and due:
+                    procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), *again, core=j)
+            pids = {name: p.pid for name, p in procs.procs.items()}
+            (run_dir / "pids.json").write_text(json.dumps(pids))
+
+        start_learners()
         last = 0.0
         while procs.procs["leader"].poll() is None:
             time.sleep(0.5)
+            if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners:
+                start_learners()
             if procs.failed():
                 raise RuntimeError(f"{procs.failed()} exited with an error; see {procs.logs}")
             if time.monotonic() - t0 > timeout:

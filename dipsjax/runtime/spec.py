@@ -32,6 +32,8 @@ class RunSpec:
       layer_owner: follower of each tensor (flattened parameter order).
       num_chunks: chunks of the training corpus (the leader's chunk ledger).
       heartbeat_interval: seconds between heartbeats (eviction after 3 missed).
+      apply_delay: fault injection, for tests: seconds each follower waits before it
+        applies an outer step (a slow update); 0 in real runs.
     """
 
     sim: SimConfig
@@ -42,6 +44,7 @@ class RunSpec:
     layer_owner: tuple[int, ...]
     num_chunks: int
     heartbeat_interval: float = 2.0
+    apply_delay: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

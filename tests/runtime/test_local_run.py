@@ -111,3 +111,52 @@ def test_ctrl_c_stops_every_process_within_seconds(tmp_path):
     assert time.monotonic() - t0 < 15, out
     assert launcher.returncode == 130 and "every process was ended" in out
     assert _alive(pids) == []
+
+
+def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_round(tmp_path):
+    import dataclasses
+
+    from dipsjax.syncer.tape import EventTape
+
+    sim = SimConfig(
+        method="dips",
+        learners=3,
+        followers=2,
+        token_budget=3 * 16 * 512 * 8,
+        speeds=(1.0, 1.3, 1.7),
+        joins=((2, 12.0),),  # learner 2 starts 12 s after the others
+    )
+    # Slow updates (each follower waits 0.7 s before applying) so that pushes land in them.
+    spec = dataclasses.replace(make_spec(sim, tmp_path / "run", 1.0), apply_delay=0.7)
+    summary = launch(spec, timeout=400, progress=False, evaluate=False)
+    tape = EventTape.read(tmp_path / "run" / "tape.jsonl")
+    rounds = tape.round_records()
+    assert summary["leader_tokens"]["reported"] >= sim.token_budget
+    # The late learner joined after versions were applied, pulled the version it was sent
+    # (one complete model, checked by the learner to be one version across followers) and
+    # only then pushed, from that version.
+    events = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 2]
+    join = next(r for r in events if r["event"] == "join")
+    active = next(r for r in events if r["event"] == "active")
+    assert join["version"] >= 1 and active["pulled_version"] == join["version"], events
+    mine = [p for r in rounds for p in r.participants + r.dropped if p.learner == 2]
+    first = min(mine, key=lambda p: p.pushed_at)
+    assert first.pushed_at > active["t"]
+    assert first.meta.pulled and first.meta.base_version == active["pulled_version"]
+    # It contributed: its pushes went into applied rounds (the anomaly penalty judges them).
+    assert any(p.learner == 2 for r in rounds if r.applied for p in r.participants), [
+        (r.round_id, [p.learner for p in r.participants]) for r in rounds
+    ]
+    # A push that arrived while a round was being updated or pulled went into a later round,
+    # opened after that one ended (no push joins a round once its update started).
+    during = [
+        (r, later, p)
+        for r in rounds
+        if r.timings.get("transfers_done") is not None
+        for later in rounds
+        for p in later.participants + later.dropped
+        if r.timings["transfers_done"] < p.pushed_at < r.timings["ended"]
+    ]
+    assert during, "no push landed during an update or a pull"
+    for r, later, _ in during:
+        assert later.round_id > r.round_id and later.timings["opened"] >= r.timings["ended"]

@@ -48,6 +48,17 @@ class ControlClient:
         self.channel.close()
 
 
+def model_shapes(spec: RunSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], Any]]:
+    """``{tensor path: (shape, dtype)}`` in flattened order (tensor ids), from the model's
+    abstract parameters: nothing is allocated, so it is cheap for any model size."""
+    from dipsjax import outer
+    from dipsjax.learner.step import InnerStep, params_to_dict
+    from dipsjax.model.configs import get_config
+
+    abstract = params_to_dict(InnerStep(get_config(spec.sim.model), mesh=None).abstract_params)
+    return {p: (tuple(x.shape), x.dtype) for p, x in outer.flatten(abstract).items()}
+
+
 def model_layout(spec: RunSpec) -> tuple[list[tuple[str, ...]], dict[str, Any]]:
     """Tensor paths in flattened order (tensor ids) and the initial parameters (host arrays),
     exactly as the simulator's world makes them (same config, same seed)."""

@@ -35,7 +35,7 @@ from tensorboardX import SummaryWriter
 
 from dipsjax import outer
 from dipsjax.runtime.checkpoint import Checkpoints
-from dipsjax.runtime.client import ControlClient, model_layout
+from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -46,11 +46,20 @@ from dipsjax.transport.dataplane import DataPlaneServer
 class FollowerNode:
     """Follower ``k`` of a run: numerics, data plane and control client."""
 
-    def __init__(self, spec: RunSpec, k: int, resume: int | None = None) -> None:
+    def __init__(
+        self, spec: RunSpec, k: int, resume: int | None = None, init: str = "model"
+    ) -> None:
         self.spec, self.k = spec, k
-        self.paths, init = model_layout(spec)
         self.mine = [i for i, owner in enumerate(spec.layer_owner) if owner == k]
-        flat = outer.flatten(init)
+        if init == "zeros":  # benchmarks of models too large to initialize in every process
+            shapes = model_shapes(spec)
+            self.paths = list(shapes)
+            flat = {self.paths[i]: jnp.zeros(shapes[self.paths[i]][0]) for i in self.mine}
+        elif init == "model":
+            self.paths, params = model_layout(spec)
+            flat = outer.flatten(params)
+        else:
+            raise ValueError(f"init must be 'model' or 'zeros', got {init!r}")
         shard = outer.unflatten({self.paths[i]: flat[self.paths[i]] for i in self.mine})
         method = methods.build(
             spec.sim.method, spec.sim.method_settings(spec.layer_owner, len(spec.followers))
@@ -114,9 +123,10 @@ class FollowerNode:
                 v = f.apply(d, action)
                 self._log_decision(d, action)
                 self.tb.add_scalar("follower/apply_s", time.perf_counter() - t0, v)
-                st = f.state
-                self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
-                if v % self.spec.sim.eval_every == 0:
+                if self.spec.checkpoints:
+                    st = f.state
+                    self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
+                if self.spec.checkpoints and v % self.spec.sim.eval_every == 0:
                     self.save(f"v{v}")
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
             elif isinstance(action, m.Discard):
@@ -161,8 +171,9 @@ class FollowerNode:
             for action in self.control.watch():
                 if not self.handle(action):
                     break
-            with self.lock:
-                self.save("final")
+            if self.spec.checkpoints:
+                with self.lock:
+                    self.save("final")
             self.tb.close()
         finally:
             self.data.close()
@@ -176,9 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume", type=int, default=None, metavar="V", help="restart from version V's checkpoint"
     )
+    parser.add_argument(
+        "--init",
+        default="model",
+        choices=("model", "zeros"),
+        help="shard at version 0: the model's initialization, or zeros (large-model benchmarks)",
+    )
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through the finally blocks
-    FollowerNode(RunSpec.read(args.spec), args.index, args.resume).run()
+    FollowerNode(RunSpec.read(args.spec), args.index, args.resume, args.init).run()
     return 0
 
 

@@ -34,6 +34,8 @@ class RunSpec:
       heartbeat_interval: seconds between heartbeats (eviction after 3 missed).
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
+      checkpoints: followers checkpoint after every outer step and save their shard at the
+        end (off only for benchmarks that time a round alone, e.g. ``round_1b.py``).
     """
 
     sim: SimConfig
@@ -45,6 +47,7 @@ class RunSpec:
     num_chunks: int
     heartbeat_interval: float = 2.0
     apply_delay: float = 0.0
+    checkpoints: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,8 +22,12 @@ The cache also serves pulls: :meth:`Follower.pull` returns the snapshot of a ver
 copy that later outer steps (which donate their buffers) cannot touch.
 
 Contributions are stacked into a fixed ``[capacity, ...]`` batch with a mask, so rounds of
-any size reuse one compiled step. Applying is idempotent: a version at or below the
-follower's own is ignored (retries and a restarted leader cannot apply a round twice).
+any size reuse one compiled step. Memory: shards are staged in the dtype they arrived in
+(BF16 off the wire by default), stacked tensor by tensor (each staged tensor is released
+as it is stacked) and widened to FP32 inside the compiled steps, so a round holds its
+contributions once, at wire precision: what lets a 1B-parameter round fit on one host.
+Applying is idempotent: a version at or below the follower's own is ignored (retries and
+a restarted leader cannot apply a round twice).
 """
 
 from __future__ import annotations
@@ -101,9 +105,9 @@ class Follower:
         return self.state.params
 
     def _remember(self) -> None:
-        self._versions[self.state.version] = jax.tree.map(jnp.copy, self.state.params)
-        while len(self._versions) > self.version_cache:
+        while len(self._versions) >= self.version_cache:  # make room first: one copy less
             self._versions.popitem(last=False)
+        self._versions[self.state.version] = jax.tree.map(jnp.copy, self.state.params)
 
     def cached_versions(self) -> tuple[int, ...]:
         return tuple(self._versions)
@@ -127,9 +131,7 @@ class Follower:
                     f"follower {self.follower_id}: learner {learner} sent {path} with shape "
                     f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}"
                 )
-        self._staged[(round_id, learner)] = jax.tree.map(
-            lambda x: jnp.asarray(x, jnp.float32), dict(payload)
-        )
+        self._staged[(round_id, learner)] = {p: _staged_dtype(x) for p, x in got.items()}
 
     def pull(self, version: int | None = None) -> tuple[int, dict[str, Any]]:
         """A version (default: the newest) and its shard: a snapshot, safe to keep."""
@@ -153,10 +155,15 @@ class Follower:
         # Shards of learners the leader did not ask about (dropped as stale) are forgotten.
         for key in [k for k in self._staged if k[0] == round_id and k[1] not in learners]:
             del self._staged[key]
-        rows = [self._staged[(round_id, j)] for j in learners]
-        zeros = jax.tree.map(jnp.zeros_like, self.state.params)
-        rows += [zeros] * (self.capacity - len(rows))
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
+        # Tensor by tensor, releasing each staged tensor once stacked (peak: one tensor more).
+        rows = [self._staged.pop((round_id, j)) for j in learners]
+        flat: dict = {}
+        for path, live in outer.flatten(self.state.params).items():
+            xs = [row.pop(path) for row in rows]
+            pad = jnp.zeros(live.shape, xs[0].dtype if xs else jnp.float32)
+            flat[path] = jnp.stack(xs + [pad] * (self.capacity - len(xs)))
+            del xs
+        stacked = outer.unflatten(flat)
         if self.reference == "server":
             if len(bases) != len(learners):
                 raise ValueError("the server reference needs each learner's base version")
@@ -225,18 +232,30 @@ class Follower:
             del self._staged[key]
 
 
+def _staged_dtype(x: Any) -> jax.Array:
+    """A staged tensor: BF16 and FP32 as they came, anything else as FP32."""
+    x = jnp.asarray(x)
+    return x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)
+
+
+def _f32(tree: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+
+
 @jax.jit
 def _server_delta(params: Any, stacked_base: Any, stacked_delta: Any) -> Any:
     """``(theta_now - theta_g) + (theta_g - theta_end) = theta_now - theta_end`` per row."""
-    return jax.tree.map(lambda p, b, d: (p[None] - b) + d, params, stacked_base, stacked_delta)
+    return jax.tree.map(
+        lambda p, b, d: (p[None] - b) + d.astype(jnp.float32), params, stacked_base, stacked_delta
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _merged_norm(tx: Any, stacked: Any, state: Any, meta: dict) -> jax.Array:
-    return outer.shard_merged_sq_norm(tx, stacked, state, **meta)
+    return outer.shard_merged_sq_norm(tx, _f32(stacked), state, **meta)
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 2))
 def _apply(tx: Any, params: Any, state: Any, stacked: Any, meta: dict) -> tuple[Any, Any]:
-    updates, state = tx.update(stacked, state, params, **meta)
+    updates, state = tx.update(_f32(stacked), state, params, **meta)
     return optax.apply_updates(params, updates), state

@@ -211,11 +211,13 @@ def encode_tensor(
     return memoryview(payload).cast("B"), memoryview(scales).cast("B"), tuple(arr.shape)
 
 
-def decode_tensor(header: Header, payload: Any, scales: Any) -> np.ndarray:
-    """The float32 tensor a ``PUSH``/``DATA`` frame carries."""
+def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = True) -> np.ndarray:
+    """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one
+    stays BF16, half the memory; widening later gives the same float32 values)."""
     if header.codec in ("fp32", "bf16"):  # host fast path, bit-identical to outer.decode
         dtype = np.float32 if header.codec == "fp32" else ml_dtypes.bfloat16
-        return np.frombuffer(payload, dtype).astype(np.float32).reshape(header.shape)
+        x = np.frombuffer(payload, dtype).reshape(header.shape)
+        return x.astype(np.float32) if widen or dtype is np.float32 else x
     enc = outer.Encoded(
         jnp.frombuffer(payload, jnp.uint8) if len(payload) else jnp.zeros((0,), jnp.uint8),
         jnp.frombuffer(scales, jnp.float32) if len(scales) else jnp.zeros((0,), jnp.float32),
@@ -463,7 +465,7 @@ class DataPlaneServer:
             if header.tensor in tensors:
                 problems.append(f"a push sends tensor {header.tensor} twice")
             elif not problems:
-                tensors[header.tensor] = decode_tensor(header, body, sc)
+                tensors[header.tensor] = decode_tensor(header, body, sc, widen=False)
         if not problems:
             try:
                 self.on_push(*key, tensors)
@@ -588,8 +590,16 @@ class DataPlaneClient:
             raise
         return sent
 
-    def pull(self, version: int = -1, *, codec: str = "bf16") -> tuple[int, dict[int, np.ndarray]]:
-        """``(version, {tensor id: float32 array})`` of a version (-1: the newest)."""
+    def pull(
+        self,
+        version: int = -1,
+        *,
+        codec: str = "bf16",
+        sink: Callable[[int, np.ndarray], None] | None = None,
+    ) -> tuple[int, dict[int, np.ndarray]]:
+        """``(version, {tensor id: float32 array})`` of a version (-1: the newest). With a
+        ``sink``, each tensor goes to ``sink(tensor id, array)`` as it arrives and is not
+        kept (the dict comes back empty): a pull that never holds the whole shard."""
         sock = self._connect()
         try:
             send_frame(sock, Header(PULL, codec, version=version))
@@ -603,11 +613,18 @@ class DataPlaneClient:
                         return
                     yield frame
 
-            out = {f[0].tensor: decode_tensor(*f) for f in _pipelined(reader(), lambda f: f)}
+            out = {}
+            count = 0
+            for f in _pipelined(reader(), lambda f: f):
+                count += 1
+                if sink is None:
+                    out[f[0].tensor] = decode_tensor(*f)
+                else:
+                    sink(f[0].tensor, decode_tensor(*f, widen=False))
         except (OSError, FrameError, TransferError):
             self.close()
             raise
         end = frames[0][0]
-        if end.tensor != len(out):
-            raise FrameError(f"pull ended after {len(out)} of {end.tensor} tensors")
+        if end.tensor != count:
+            raise FrameError(f"pull ended after {count} of {end.tensor} tensors")
         return end.version, out

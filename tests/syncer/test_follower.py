@@ -188,3 +188,28 @@ def test_pulls_are_snapshots_and_old_versions_fall_out_of_the_cache():
     assert f.cached_versions() == (1, 2) and f.state.version == 2
     with pytest.raises(KeyError, match="not 0"):
         f.pull(0)
+
+
+def test_bf16_staging_gives_the_float32_result_and_releases_staged_shards():
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    payloads = {
+        j: jax.tree.map(
+            lambda p: (0.1 * rng.standard_normal(p.shape)).astype(ml_dtypes.bfloat16), PARAMS
+        )
+        for j in (0, 1)
+    }
+    widened = {j: jax.tree.map(lambda x: x.astype(np.float32), payloads[j]) for j in payloads}
+    kw = dict(accepted=(True, True), tokens=(10, 30), steps=(1, 1), weights=(0.25, 0.75))
+    fs16, g16, m16 = _round(outer.dips(warmup=0), "server", payloads, kw)
+    fs32, g32, m32 = _round(outer.dips(warmup=0), "server", widened, kw)
+    np.testing.assert_array_equal(g16, g32)
+    assert m16 == m32
+    for a, b in zip(fs16, fs32, strict=True):
+        assert jax.tree.all(jax.tree.map(np.array_equal, a.params, b.params))
+        assert a._staged == {} and a._batch == {}  # nothing of the round is held after it
+    # Staged in the dtype they came in: BF16 shards take half the memory of FP32 ones.
+    f = Follower(0, PARAMS, outer.dips(), capacity=2)
+    f.receive(1, 0, payloads[0])
+    assert {x.dtype for x in jax.tree.leaves(f._staged[(1, 0)])} == {jnp.dtype(jnp.bfloat16)}

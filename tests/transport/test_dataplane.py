@@ -216,3 +216,24 @@ def test_host_fast_path_is_bit_identical_to_the_library_codec(codec):
     np.testing.assert_array_equal(
         dp.decode_tensor(header, payload, b""), np.asarray(outer.decode(enc))
     )
+
+
+def test_bf16_pushes_stay_bf16_and_pulls_can_stream_into_a_sink(follower):
+    import ml_dtypes
+
+    client = dp.DataPlaneClient(follower.server.address)
+    client.push(4, 2, 0, 0, PARAMS.items(), codec="bf16")
+    _, _, got = follower.pushes[4, 2]
+    for i, x in PARAMS.items():  # half the memory of float32, the same values once widened
+        assert got[i].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(
+            got[i].astype(np.float32), np.asarray(outer.decode(outer.encode(x, "bf16")))
+        )
+    seen = {}
+    version, kept = client.pull(codec="bf16", sink=seen.setdefault)
+    assert version == 5 and kept == {} and sorted(seen) == sorted(PARAMS)
+    for i, x in PARAMS.items():
+        np.testing.assert_array_equal(
+            seen[i].astype(np.float32), np.asarray(outer.decode(outer.encode(x, "bf16")))
+        )
+    client.close()

@@ -41,10 +41,15 @@ class Checkpoints:
         ``meta`` as ``step``; returns before the write finishes."""
         leaves = {f"{i:06d}": np.array(x, copy=True) for i, x in enumerate(jax.tree.leaves(state))}
         args = self._ocp.args
-        self.manager.save(
+        saved = self.manager.save(
             step,
             args=args.Composite(state=args.StandardSave(leaves), meta=args.JsonSave(meta)),
         )
+        if not saved:  # orbax skips a step at or below its newest one
+            raise RuntimeError(
+                f"checkpoint step {step} was not saved in {self.directory}: it has "
+                f"{sorted(self.manager.all_steps())} (drop newer steps after a resume)"
+            )
 
     def steps(self) -> list[int]:
         """Complete steps on disk, oldest first (waits for writes in flight)."""

@@ -71,6 +71,7 @@ class FollowerNode:
             template = (shard, tx.init(shard))
             (shard, opt_state), meta = self.ckpt.restore(template, step=resume)
             version = int(meta["version"])
+            self.ckpt.drop_after(version)  # a newer step is from a round never finished
             print(f"follower {k}: resumed at version {version}", flush=True)
         self.follower = Follower(
             k,
@@ -82,7 +83,12 @@ class FollowerNode:
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
         )
+        if resume is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
+            st = self.follower.state
+            self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
         self.lock = threading.Lock()
+        self.busy = False  # carrying out an action: SIGTERM waits for it to finish
+        self.terminating = False
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"follower{k}"))
         self.control = ControlClient(spec, follower=k)
         host, port = address(spec.followers[k])
@@ -104,6 +110,12 @@ class FollowerNode:
             v, shard = self.follower.pull(None if version < 0 else version)
         flat = outer.flatten(shard)
         return v, {i: np.asarray(flat[self.paths[i]]) for i in self.mine}
+
+    def on_term(self, *_: Any) -> None:
+        """SIGTERM: leave now if waiting for the leader, else after the current action."""
+        self.terminating = True
+        if not self.busy:
+            raise SystemExit(0)
 
     def handle(self, action: m.Action) -> bool:
         """Carries out one decision; returns False on Stop."""
@@ -169,7 +181,10 @@ class FollowerNode:
         self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
         try:
             for action in self.control.watch():
-                if not self.handle(action):
+                self.busy = True
+                go_on = self.handle(action)
+                self.busy = False
+                if not go_on or self.terminating:
                     break
             if self.spec.checkpoints:
                 with self.lock:
@@ -194,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         help="shard at version 0: the model's initialization, or zeros (large-model benchmarks)",
     )
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through the finally blocks
-    FollowerNode(RunSpec.read(args.spec), args.index, args.resume, args.init).run()
+    node = FollowerNode(RunSpec.read(args.spec), args.index, args.resume, args.init)
+    signal.signal(signal.SIGTERM, node.on_term)  # exits through the finally blocks
+    node.run()
     return 0
 
 

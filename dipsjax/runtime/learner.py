@@ -17,11 +17,13 @@ Checkpoints (orbax, asynchronous, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept
 inner AdamW state with the data position and counters, at every round start (``start``)
 and, when waiting, once its push is on the followers and before it is reported done
 (``pushed``). ``--resume`` restarts from the newest: the learner rejoins with the same
-incarnation, learns from the leader how its last push ended (if it was dropped, it goes
-back to that round's start and trains it again), pulls the current version, and first
+incarnation, learns from the leader how its last push ended (if the restart lost it, it
+goes back to that round's start and trains it again), pulls the current version, and first
 trains the chunks still leased to it (the leader lists them, in lease order) before it
-leases new ones, so its data continues exactly where it stopped. SIGTERM exits cleanly at
-the next safe point, after the checkpoint writes in flight.
+leases new ones, so its data continues exactly where it stopped. Its parameters are not
+checkpointed: it resumes from the current global version (with ``overlap`` or
+``adopt='delta'`` its own unmerged progress since its last push is not kept). SIGTERM
+exits cleanly at the next safe point, after the checkpoint writes in flight.
 
 Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N] [--resume]``.
 """
@@ -271,8 +273,8 @@ class LearnerNode:
         self.ckpt.save(2 * self.rounds + (kind == "pushed"), self.learner.opt_state, meta)
 
     def restore(self, send: m.SendModel) -> dict[str, Any]:
-        """Resumes from the newest checkpoint (or the round start before it, if the push it
-        recorded was dropped); returns what it restored (also ``learner{j}/resumed.json``)."""
+        """Resumes from the newest checkpoint (or the round start before it, if the restart
+        lost the push it recorded); returns what it restored (``learner{j}/resumed.json``)."""
         steps = self.ckpt.steps()
         record: dict[str, Any] = {"version": send.version, "leases": list(send.leases)}
         if not steps:  # stopped before its first round: start afresh, on its own leases
@@ -281,12 +283,9 @@ class LearnerNode:
             return record
         newest = self.ckpt.meta(steps[-1])
         step = steps[-1]
-        counted = send.last_round == newest["round_id"] and send.last_outcome in (
-            "applied",
-            "rejected",
-        )
-        if newest["kind"] == "pushed" and not counted:
-            step -= 1  # its push never made it into a round: train that round again
+        lost = send.last_round == newest["round_id"] and send.last_outcome == "lost"
+        if newest["kind"] == "pushed" and lost:
+            step -= 1  # the restart lost that push, not its chunks: train that round again
         state, meta = self.ckpt.restore(self.learner.opt_state, step)
         self.ckpt.drop_after(step)
         self.learner.set_opt_state(state)
@@ -374,9 +373,10 @@ class LearnerNode:
         self.write_stats()
 
     def run(self) -> None:
+        # Heartbeats first: a resumed member must not look dead while it compiles.
+        threading.Thread(target=self._heartbeats, daemon=True).start()
         self.warm_up()
         threading.Thread(target=self._watch, daemon=True).start()
-        threading.Thread(target=self._heartbeats, daemon=True).start()
         overlap = self.spec.sim.overlap
         if overlap:
             threading.Thread(target=self._puller, daemon=True).start()

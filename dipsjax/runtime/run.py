@@ -279,8 +279,11 @@ def resumable(run_dir: Path) -> RunSpec:
     if not path.exists():
         raise FileNotFoundError(f"--resume: {path} not found (not a run folder?)")
     spec = RunSpec.read(path)
-    if not (Path(run_dir) / "leader" / "snapshot.json").exists():
+    snap = Path(run_dir) / "leader" / "snapshot.json"
+    if not snap.exists():
         raise FileNotFoundError(f"--resume: {run_dir} has no leader snapshot to resume from")
+    if json.loads(snap.read_text()).get("stopped"):
+        raise ValueError(f"--resume: {run_dir} already finished (its leader stopped)")
     return dataclasses.replace(
         spec,
         leader=f"127.0.0.1:{free_port()}",

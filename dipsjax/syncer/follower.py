@@ -176,7 +176,10 @@ class Follower:
     def partial_norms(
         self, round_id: int, learners: tuple[int, ...], base_versions: tuple[int, ...] = ()
     ) -> np.ndarray:
-        """Step 1: per-learner squared norms of this shard's pseudo-gradients, ``[len]``."""
+        """Step 1: per-learner squared norms of this shard's pseudo-gradients, ``[len]``
+        (asked again for the same round and learners, it answers from the same batch)."""
+        if round_id in self._batch and self._batch[round_id][0] == tuple(learners):
+            return np.asarray(outer.learner_sq_norms(self._batch[round_id][1]))[: len(learners)]
         stacked = self._stack(round_id, learners, base_versions)
         self._batch[round_id] = (learners, stacked)
         return np.asarray(outer.learner_sq_norms(stacked))[: len(learners)]

@@ -312,7 +312,9 @@ class Leader:
             self.ledger.settle(p.learner, p.tokens, outcome)
             member = self.members.get(p.learner)
             if member is not None and member.incarnation == p.meta.incarnation:
-                member.last_round, member.last_outcome = p.round_id, outcome
+                # "lost": dropped with its chunks kept by its learner, who trains them again.
+                said = outcome if outcome != "dropped" or release else "lost"
+                member.last_round, member.last_outcome = p.round_id, said
             if outcome != "dropped":
                 self._complete_chunks(p.learner, p.meta.finished_chunks)
             elif release:
@@ -382,6 +384,17 @@ class Leader:
         checkpoint, or trained in a push that was dropped) before it asks for new ones."""
         member = self.members[learner]
         member.active = False
+        # Its pushes the followers do not hold yet are lost (it trains them again); one
+        # already with the followers is applied or rejected as usual. It pulls through this
+        # SendModel, not through the round's pull notice.
+        queues = [self.waiting] + ([self.round.pushes] if self._open_pushes() else [])
+        for queue in queues:
+            for p in [p for p in queue if p.learner == learner]:
+                queue.remove(p)
+                self.tokens_taken -= p.tokens
+                self._settle(p, "dropped", release=False)
+        if self.round is not None and learner in self.round.pulling:
+            self.round.pulling.remove(learner)
         self.dealt.pop(learner, None)  # dealt chunks are among its leases now
         leases = (
             tuple(lease.chunk for lease in chunks.leases_of(self.data, str(learner)))
@@ -477,7 +490,10 @@ class Leader:
         dealt; learner ``j``'s ``i``-th chunk comes from the ``i``-th deal."""
         assert self.data is not None
         if not self.dealt.get(learner):
-            turn = sorted(set(range(self.config.deal_chunks)) | set(self.members))
+            # Learners 0..N-1 until they first join (so the deal does not depend on who
+            # joined first), then members only: one that left gets no more chunks.
+            unseen = {j for j in range(self.config.deal_chunks) if j not in self.incarnations}
+            turn = sorted(unseen | set(self.members))
             for j in turn:
                 self.data, got = chunks.lease(self.data, str(j))
                 if got is None:

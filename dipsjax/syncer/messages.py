@@ -191,8 +191,10 @@ class SendModel(Action):
     """The learner pulls one complete model of ``version`` before it trains.
 
     To a resumed learner (``Join(resume=True)``) it also says how its last push ended
-    (``last_round``, ``last_outcome``; ``-1``/``''``: none) and which chunks are still
-    leased to it, in lease order (``leases``)."""
+    (``last_round``, ``last_outcome``: ``applied``, ``rejected``, ``dropped``, or ``lost``:
+    dropped by the restart with its chunks left with the learner, who trains that round
+    again; ``-1``/``''``: none) and which chunks are still leased to it, in lease order
+    (``leases``)."""
 
     learner: int
     version: int

@@ -614,9 +614,9 @@ class DataPlaneClient:
                     yield frame
 
             out = {}
-            count = 0
+            ids: set[int] = set()
             for f in _pipelined(reader(), lambda f: f):
-                count += 1
+                ids.add(f[0].tensor)
                 if sink is None:
                     out[f[0].tensor] = decode_tensor(*f)
                 else:
@@ -625,6 +625,6 @@ class DataPlaneClient:
             self.close()
             raise
         end = frames[0][0]
-        if end.tensor != count:
-            raise FrameError(f"pull ended after {count} of {end.tensor} tensors")
+        if end.tensor != len(ids):
+            raise FrameError(f"pull ended after {len(ids)} distinct of {end.tensor} tensors")
         return end.version, out

@@ -629,7 +629,7 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
     # its last push ended.
     (send,) = copy.handle(L.Join(11.0, 0, resume=True))
-    assert send == L.SendModel(0, 1, (chunks[0][1], later[0]), 1, "dropped")
+    assert send == L.SendModel(0, 1, (chunks[0][1], later[0]), 1, "lost")
     (send2,) = copy.handle(L.Join(11.0, 2, resume=True))
     assert send2 == L.SendModel(2, 1, (chunks[2][1], later[2]), 0, "applied")
     assert chunks[0][0] in completed_chunks(copy.data, 0)
@@ -680,3 +680,44 @@ def test_a_push_after_the_stop_is_refused_and_booked():
     assert isinstance(refuse, L.Refuse)
     tot = leader.ledger.totals()
     assert tot["reported"] == 140 and tot["dropped"] == 40 and tot["applied"] == 100
+
+
+def test_a_learner_that_left_is_dealt_no_more_chunks():
+    from dipsjax.data import leases_of, new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False, deal_chunks=3), NoGrace(), data=new_ledger(30))
+    join_all(leader, 3)
+    leader.handle(L.Leave(1.0, 2))
+    for _ in range(5):
+        leader.handle(L.ChunkRequested(2.0, 0))
+    assert leases_of(leader.data, "2") == ()  # left: nothing dealt to it, nothing stuck
+    assert len(leases_of(leader.data, "1")) == 5  # still a member: its turns wait for it
+
+
+def test_only_a_push_the_restart_lost_tells_its_learner_to_train_it_again():
+    from dipsjax.data import new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False, max_staleness=0), NoGrace(), data=new_ledger(20))
+    join_all(leader, 2)
+    c = leader.handle(L.ChunkRequested(0.0, 0))[0].chunk
+    leader.handle(push(0.0, 1, 10, 1, 0))
+    finish_round(leader, 1.0)  # version 1: learner 0's next push (from 0) is stale
+    leader.handle(push(2.0, 0, 10, 1, 0, finished_chunks=(c,)))
+    leader.handle(L.TransferDone(2.0, 0, leader.round.round_id))
+    assert leader.members[0].last_outcome == "dropped"  # stale, during the run
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    copy.resume(3.0)
+    (send,) = copy.handle(L.Join(4.0, 0, resume=True))
+    assert send.last_outcome == "dropped" and c not in send.leases  # released, not its own
+
+
+def test_a_learner_resuming_while_the_leader_runs_loses_only_its_unsent_push():
+    leader = Leader(LeaderConfig(penalty=False), FixedGrace(10.0))
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    taken = leader.tokens_taken
+    (send,) = leader.handle(L.Join(1.0, 0, resume=True))  # same incarnation, from a checkpoint
+    assert send.last_outcome == "lost" and leader.tokens_taken == taken - 10
+    assert leader.round is None or not leader.round.pushes
+    leader.handle(L.PullDone(1.5, 0, 0))
+    assert kinds(leader.handle(push(2.0, 0, 10, 1, 0)))[0] == "PushShards"  # not "pending"

@@ -15,7 +15,9 @@ update (transfers done to every follower applied: norms, decision, merge, clip, 
 pull (applied to every stand-in pulled). Baseline in the same run: the paper's production
 table (100B model over a 25 Gbps network, Di-PS sec. 16) is printed beside them. Memory:
 the sum of every process's resident set, sampled every 0.2 s; the run is stopped if it
-goes over ``--max-gb`` (default 22).
+goes over ``--max-gb`` GiB (default 23.2, this host has 23.5). The two followers share this
+host, so they take turns at their outer-step computations (``compute_in_turns``): the
+update phase is both followers' norms, merge and apply one after the other.
 
 Run: ``.venv/bin/python benchmarks/round_1b.py`` (a few minutes; ``--model small`` to try
 the harness quickly).
@@ -160,7 +162,7 @@ def _rss_gb(pids: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="llama3.2-1b")
-    parser.add_argument("--max-gb", type=float, default=22.0)
+    parser.add_argument("--max-gb", type=float, default=23.2, help="GiB; stop above it")
     parser.add_argument("--stand-in", nargs=2, metavar=("SPEC", "J"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stand_in:
@@ -201,6 +203,7 @@ def main() -> None:
         num_chunks=1000,
         heartbeat_interval=30.0,
         checkpoints=False,
+        compute_in_turns=True,  # one follower's update temporaries at a time in 24 GB
     )
     spec.write(run_dir / "spec.json")
     print(f"{args.model}: {params / 1e6:,.1f}M parameters in {len(sizes)} tensors; run {run_dir}")
@@ -223,13 +226,18 @@ def main() -> None:
             time.sleep(0.2)
             rss = _rss_gb([p.pid for p in procs.procs.values()])
             peak = max(peak, rss)
+            each = {n: _rss_gb([p.pid]) for n, p in procs.procs.items()}
             if rss > args.max_gb:
-                raise MemoryError(f"processes hold {rss:.1f} GB > --max-gb {args.max_gb}")
+                raise MemoryError(
+                    f"processes hold {rss:.1f} GiB > --max-gb {args.max_gb}: "
+                    + ", ".join(f"{n} {g:.1f}" for n, g in each.items())
+                )
             if procs.failed():
                 raise RuntimeError(f"{procs.failed()} failed; see {procs.logs}")
             if time.monotonic() - last > 10:
                 last = time.monotonic()
-                print(f"[{last - t0:5.0f}s] resident {rss:.1f} GB (peak {peak:.1f})", flush=True)
+                per = " ".join(f"{n}={g:.1f}" for n, g in each.items())
+                print(f"[{last - t0:5.0f}s] {rss:.1f} GiB (peak {peak:.1f}): {per}", flush=True)
             if time.monotonic() - t0 > 1500:
                 raise TimeoutError("the round did not finish in 25 minutes")
     finally:
@@ -253,7 +261,13 @@ def main() -> None:
             f"stand-in {j}: initial pull {st['pull_v0']:.1f} s, push {st['push']:.1f} s "
             f"({wire_gb / st['push']:.2f} GB/s), pull {st['pull']:.1f} s"
         )
-    print(f"round_1b_peak_resident_gb: {peak:.1f} (goal: < 24)")
+    applies = []
+    for k in range(2):
+        path = run_dir / f"follower{k}" / "apply_seconds.jsonl"
+        applies.append(json.loads(path.read_text().splitlines()[-1])["seconds"])
+    print("followers' outer step (apply) alone: " + ", ".join(f"{a:.1f} s" for a in applies))
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"round_1b_peak_resident_gib: {peak:.1f} (goal: < {total:.1f}, this host's memory)")
     print(f"round_1b_push_s: {phases['push']:.1f} (goal: paper 60-195 at 100B)")
     print(f"round_1b_update_s: {phases['update']:.1f} (goal: paper 110 at 100B)")
     print(f"round_1b_pull_s: {phases['pull']:.1f} (goal: paper 67-135 at 100B)")

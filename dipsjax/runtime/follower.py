@@ -20,11 +20,14 @@ Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K [--resume V]``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +125,25 @@ class FollowerNode:
         f, k = self.follower, self.k
         with self.lock:
             if isinstance(action, m.RequestNorms):
-                g = f.partial_norms(action.round_id, action.learners, action.base_versions)
+                with self._turn():
+                    g = f.partial_norms(action.round_id, action.learners, action.base_versions)
                 reply: m.Event | None = m.FollowerNorms(
                     0.0, k, action.round_id, tuple(float(x) for x in g)
                 )
             elif isinstance(action, m.Decide):
-                reply = m.FollowerMerged(0.0, k, action.round_id, f.merged_partial(action))
+                with self._turn():
+                    merged = f.merged_partial(action)
+                reply = m.FollowerMerged(0.0, k, action.round_id, merged)
             elif isinstance(action, m.Apply):
                 time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
-                t0 = time.perf_counter()
-                d = f.decisions[action.round_id]
-                v = f.apply(d, action)
+                with self._turn():
+                    t0 = time.perf_counter()
+                    d = f.decisions[action.round_id]
+                    v = f.apply(d, action)
+                    apply_s = time.perf_counter() - t0
                 self._log_decision(d, action)
-                self.tb.add_scalar("follower/apply_s", time.perf_counter() - t0, v)
+                self.tb.add_scalar("follower/apply_s", apply_s, v)
+                self._write_timing(v, apply_s)
                 if self.spec.checkpoints:
                     st = f.state
                     self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
@@ -151,6 +160,25 @@ class FollowerNode:
         if reply is not None:
             self.control.call(reply)
         return True
+
+    @contextlib.contextmanager
+    def _turn(self) -> Iterator[None]:
+        """With ``spec.compute_in_turns``, one follower of the host computes at a time."""
+        if not self.spec.compute_in_turns:
+            yield
+            return
+        with (Path(self.spec.run_dir) / "compute.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _write_timing(self, version: int, apply_s: float) -> None:
+        out = Path(self.spec.run_dir) / f"follower{self.k}"
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "apply_seconds.jsonl").open("a") as fh:
+            fh.write(json.dumps({"version": version, "seconds": apply_s}) + "\n")
 
     def _log_decision(self, d: m.Decide, a: m.Apply) -> None:
         """What this follower applied, one JSON line per round (``decisions.jsonl``)."""

@@ -34,6 +34,10 @@ class RunSpec:
       heartbeat_interval: seconds between heartbeats (eviction after 3 missed).
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
+      compute_in_turns: followers on one host take turns at their outer-step computations
+        (norms, merge, apply; a file lock in ``run_dir``), so that only one holds their
+        temporaries at a time: what lets the 1B-parameter round fit in 24 GB
+        (``round_1b.py``); off by default.
       checkpoints: followers checkpoint after every outer step and save their shard at the
         end (off only for benchmarks that time a round alone, e.g. ``round_1b.py``).
     """
@@ -47,6 +51,7 @@ class RunSpec:
     num_chunks: int
     heartbeat_interval: float = 2.0
     apply_delay: float = 0.0
+    compute_in_turns: bool = False
     checkpoints: bool = True
 
     def to_json(self) -> dict[str, Any]:

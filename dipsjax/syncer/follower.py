@@ -18,13 +18,16 @@ quantize pseudo-gradients, never parameters:
   version fell out of it (stale) before asking for its norms, and a follower asked anyway
   raises ``KeyError`` naming the version.
 
-The cache also serves pulls: :meth:`Follower.pull` returns the snapshot of a version, a
-copy that later outer steps (which donate their buffers) cannot touch.
+The cache also serves pulls: :meth:`Follower.pull` returns a version's shard. The outer step
+writes new parameter buffers (it donates only the outer state's), so a version's buffers
+never change and the cache holds them without copying: the newest version costs no memory
+beyond the live shard.
 
 Contributions are stacked into a fixed ``[capacity, ...]`` batch with a mask, so rounds of
 any size reuse one compiled step. Memory: shards are staged in the dtype they arrived in
 (BF16 off the wire by default), stacked tensor by tensor (each staged tensor is released
-as it is stacked) and widened to FP32 inside the compiled steps, so a round holds its
+as it is stacked) and promoted to FP32 op by op inside the compiled steps (exact: the
+results equal FP32 staging bit for bit, tested), so a round holds its
 contributions once, at wire precision: what lets a 1B-parameter round fit on one host.
 Applying is idempotent: a version at or below the follower's own is ignored (retries and
 a restarted leader cannot apply a round twice).
@@ -85,7 +88,7 @@ class Follower:
         self.capacity = capacity
         self.reference = reference
         self.version_cache = version_cache
-        # Own copies: the outer step donates these buffers.
+        # Own copies (the caller's arrays may change; the outer state's buffers are donated).
         params = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), dict(params))
         state = tx.init(params) if opt_state is None else opt_state
         self.state = FollowerState(version, params, state)
@@ -101,13 +104,13 @@ class Follower:
 
     @property
     def params(self) -> Any:
-        """The live shard (donated by the next outer step: use :meth:`pull` to keep it)."""
+        """The live shard (never changed in place: the next outer step makes new buffers)."""
         return self.state.params
 
     def _remember(self) -> None:
         while len(self._versions) >= self.version_cache:  # make room first: one copy less
             self._versions.popitem(last=False)
-        self._versions[self.state.version] = jax.tree.map(jnp.copy, self.state.params)
+        self._versions[self.state.version] = self.state.params  # immutable: no copy needed
 
     def cached_versions(self) -> tuple[int, ...]:
         return tuple(self._versions)
@@ -164,9 +167,11 @@ class Follower:
             flat[path] = jnp.stack(xs + [pad] * (self.capacity - len(xs)))
             del xs
         stacked = outer.unflatten(flat)
-        if self.reference == "server":
-            if len(bases) != len(learners):
-                raise ValueError("the server reference needs each learner's base version")
+        if self.reference == "server" and len(bases) != len(learners):
+            raise ValueError("the server reference needs each learner's base version")
+        if self.reference == "server" and any(b != self.state.version for b in bases):
+            # Rows based on the current version need no correction ((theta_now - theta_now)
+            # + Delta is Delta exactly): only a round with a stale row costs an FP32 stack.
             base_rows = [self.pull(b)[1] for b in bases]
             base_rows += [self.state.params] * (self.capacity - len(base_rows))
             base = jax.tree.map(lambda *xs: jnp.stack(xs), *base_rows)
@@ -179,10 +184,10 @@ class Follower:
         """Step 1: per-learner squared norms of this shard's pseudo-gradients, ``[len]``
         (asked again for the same round and learners, it answers from the same batch)."""
         if round_id in self._batch and self._batch[round_id][0] == tuple(learners):
-            return np.asarray(outer.learner_sq_norms(self._batch[round_id][1]))[: len(learners)]
+            return np.asarray(_sq_norms(self._batch[round_id][1]))[: len(learners)]
         stacked = self._stack(round_id, learners, base_versions)
         self._batch[round_id] = (learners, stacked)
-        return np.asarray(outer.learner_sq_norms(stacked))[: len(learners)]
+        return np.asarray(_sq_norms(stacked))[: len(learners)]
 
     def _meta(self, decision: Decide) -> dict[str, jax.Array]:
         n, pad = len(decision.learners), self.capacity - len(decision.learners)
@@ -241,8 +246,11 @@ def _staged_dtype(x: Any) -> jax.Array:
     return x if x.dtype in (jnp.bfloat16, jnp.float32) else x.astype(jnp.float32)
 
 
-def _f32(tree: Any) -> Any:
-    return jax.tree.map(lambda x: x.astype(jnp.float32), tree)
+@jax.jit
+def _sq_norms(stacked: Any) -> jax.Array:
+    """Per-row squared norms, compiled: widening and squaring fuse into the reduction, so
+    no FP32 copy of a stacked tensor is made."""
+    return outer.learner_sq_norms(stacked)
 
 
 @jax.jit
@@ -255,10 +263,10 @@ def _server_delta(params: Any, stacked_base: Any, stacked_delta: Any) -> Any:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _merged_norm(tx: Any, stacked: Any, state: Any, meta: dict) -> jax.Array:
-    return outer.shard_merged_sq_norm(tx, _f32(stacked), state, **meta)
+    return outer.shard_merged_sq_norm(tx, stacked, state, **meta)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(1, 2))
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2,))
 def _apply(tx: Any, params: Any, state: Any, stacked: Any, meta: dict) -> tuple[Any, Any]:
-    updates, state = tx.update(_f32(stacked), state, params, **meta)
+    updates, state = tx.update(stacked, state, params, **meta)
     return optax.apply_updates(params, updates), state

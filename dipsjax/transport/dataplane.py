@@ -201,9 +201,13 @@ def encode_tensor(
         raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
     if codec in ("fp32", "bf16"):
         # Host fast path, bit-identical to outer.encode (both round to nearest even; tested).
-        host = np.ascontiguousarray(np.asarray(x, np.float32))
-        wire = host if codec == "fp32" else host.astype(ml_dtypes.bfloat16)
-        return memoryview(wire.reshape(-1).view(np.uint8)), memoryview(b""), host.shape
+        given = np.asarray(x)
+        if codec == "bf16" and given.dtype == ml_dtypes.bfloat16:  # already wire precision
+            wire = np.ascontiguousarray(given)
+        else:
+            host = np.ascontiguousarray(np.asarray(given, np.float32))
+            wire = host if codec == "fp32" else host.astype(ml_dtypes.bfloat16)
+        return memoryview(wire.reshape(-1).view(np.uint8)), memoryview(b""), wire.shape
     arr = jnp.asarray(x, jnp.float32)
     enc = _encode(arr, codec, block_size)
     payload = np.asarray(enc.payload)

@@ -190,7 +190,17 @@ def test_pulls_are_snapshots_and_old_versions_fall_out_of_the_cache():
         f.pull(0)
 
 
-def test_bf16_staging_gives_the_float32_result_and_releases_staged_shards():
+@pytest.mark.parametrize(
+    "make_tx,reference",
+    [
+        (outer.decoupled_diloco, "start"),
+        (outer.diloco, "start"),
+        (lambda: outer.dips(warmup=0), "server"),
+        (lambda: outer.dips(warmup=0), "start"),
+    ],
+    ids=["decoupled", "diloco", "dips-server", "dips-start"],
+)
+def test_bf16_staging_gives_the_float32_result_and_releases_staged_shards(make_tx, reference):
     import ml_dtypes
 
     rng = np.random.default_rng(3)
@@ -202,8 +212,8 @@ def test_bf16_staging_gives_the_float32_result_and_releases_staged_shards():
     }
     widened = {j: jax.tree.map(lambda x: x.astype(np.float32), payloads[j]) for j in payloads}
     kw = dict(accepted=(True, True), tokens=(10, 30), steps=(1, 1), weights=(0.25, 0.75))
-    fs16, g16, m16 = _round(outer.dips(warmup=0), "server", payloads, kw)
-    fs32, g32, m32 = _round(outer.dips(warmup=0), "server", widened, kw)
+    fs16, g16, m16 = _round(make_tx(), reference, payloads, kw)
+    fs32, g32, m32 = _round(make_tx(), reference, widened, kw)
     np.testing.assert_array_equal(g16, g32)
     assert m16 == m32
     for a, b in zip(fs16, fs32, strict=True):

@@ -31,6 +31,22 @@ def _aggregate(run_dir: Path, learners: int) -> float:
     return total
 
 
+def _where(run_dir: Path, learners: int) -> dict[str, float]:
+    """Seconds summed over learners (span, training compute) and CPU seconds by role."""
+    stats = [
+        json.loads((run_dir / f"learner{j}" / "stats.json").read_text()) for j in range(learners)
+    ]
+    out = {
+        "span": sum(s["seconds"] for s in stats),
+        "compute": sum(s["compute_seconds"] for s in stats),
+        "learner_cpu": sum(s["cpu_seconds"] for s in stats),
+        "tokens": sum(s["tokens"] for s in stats),
+    }
+    syncer = [run_dir / "leader" / "cpu.json", *sorted(run_dir.glob("follower*/cpu.json"))]
+    out["syncer_cpu"] = sum(json.loads(p.read_text())["cpu_seconds"] for p in syncer if p.exists())
+    return out
+
+
 def _solo(spec, rounds: int) -> float:
     cores = sorted(os.sched_getaffinity(0))
     procs = []
@@ -79,6 +95,16 @@ def main() -> None:
         print(
             f"{name}: {with_sync:.0f} tokens/s with the syncer, {without:.0f} alone "
             f"= {ratios[name]:.3f}",
+            flush=True,
+        )
+        a, b = _where(Path(synced.run_dir), m), _where(Path(alone.run_dir), m)
+        print(
+            f"  where the time went (summed over learners): span {a['span']:.1f} s with the "
+            f"syncer vs {b['span']:.1f} s alone; training compute {a['compute']:.1f} vs "
+            f"{b['compute']:.1f} s ({a['compute'] / a['tokens'] * 1e6:.0f} vs "
+            f"{b['compute'] / b['tokens'] * 1e6:.0f} us/token); learners' CPU "
+            f"{a['learner_cpu']:.1f} vs {b['learner_cpu']:.1f} s; leader + followers' CPU "
+            f"{a['syncer_cpu']:.1f} s",
             flush=True,
         )
     print(f"system_tokens_ratio_waiting: {ratios['waiting']:.3f} (goal: >= 0.94)")

@@ -39,7 +39,7 @@ from tensorboardX import SummaryWriter
 from dipsjax import outer
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
-from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower
@@ -221,6 +221,7 @@ class FollowerNode:
         finally:
             self.data.close()
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
+            write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 
 from dipsjax.data.ledger import new_ledger
-from dipsjax.runtime.spec import RunSpec
+from dipsjax.runtime.spec import RunSpec, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.leader import Leader
@@ -292,6 +292,7 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await ticker
     await server.stop(grace=2.0)
+    write_cpu_seconds(Path(spec.run_dir) / "leader" / "cpu.json")
 
 
 def main(argv: list[str] | None = None) -> int:

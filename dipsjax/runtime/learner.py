@@ -325,9 +325,10 @@ class LearnerNode:
             inner.step(params, inner.init_opt_state(params), inner.put_batch(batch))
         )
 
-    def _count(self, tokens: int, started: float) -> None:
+    def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
         tr["tokens"] += tokens
+        tr["compute"] = tr.get("compute", 0.0) + compute
         tr["first"] = started if tr["first"] is None else tr["first"]
         tr["last"] = time.perf_counter()
 
@@ -344,11 +345,16 @@ class LearnerNode:
         seconds = (tr["last"] - tr["first"]) if tr["first"] is not None else 0.0
         out = Path(self.spec.run_dir) / f"learner{self.j}"
         out.mkdir(parents=True, exist_ok=True)
+        import resource
+
+        use = resource.getrusage(resource.RUSAGE_SELF)
         stats = {
             "tokens": tr["tokens"],
             "seconds": seconds,
             "rounds": self.rounds,
             "reported": self.reported,
+            "compute_seconds": tr.get("compute", 0.0),  # wall time of its rounds' steps
+            "cpu_seconds": use.ru_utime + use.ru_stime,  # the process's, all threads
         }
         (out / "stats.json").write_text(json.dumps(stats))
 
@@ -367,8 +373,9 @@ class LearnerNode:
             t0 = time.perf_counter()
             contrib = self.learner.run_round(data.batches, num_steps=len(data.batches))
             jax.block_until_ready(contrib.delta)
-            time.sleep((speed - 1.0) * (time.perf_counter() - t0))
-            self._count(contrib.tokens, t0)
+            took = time.perf_counter() - t0
+            time.sleep((speed - 1.0) * took)
+            self._count(contrib.tokens, t0, took)
             self.rounds += 1
         self.write_stats()
 
@@ -413,7 +420,7 @@ class LearnerNode:
                 delta = jax.block_until_ready(delta)
                 took = time.perf_counter() - t0
                 time.sleep((speed - 1.0) * took)
-                self._count(contrib.tokens, t0)
+                self._count(contrib.tokens, t0, took)
                 meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=pulled)
                 pulled = False
                 done = self.learner.tokens_done

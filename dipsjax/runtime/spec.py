@@ -76,6 +76,16 @@ class RunSpec:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
+def write_cpu_seconds(path: str | Path) -> None:
+    """This process's CPU seconds (user + system, all threads) as ``{"cpu_seconds": x}``:
+    where the CPU went in a run (``benchmarks/system.py`` reads them)."""
+    import resource
+
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"cpu_seconds": use.ru_utime + use.ru_stime}))
+
+
 def address(host_port: str) -> tuple[str, int]:
     host, _, port = host_port.rpartition(":")
     return host, int(port)

@@ -15,6 +15,7 @@ Run: ``.venv/bin/python benchmarks/system.py`` (``--rounds 3`` for a quick run).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -75,6 +76,9 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds per learner")
+    parser.add_argument(
+        "--checkpoints", choices=("on", "off"), default="on", help="roles checkpoint as they go"
+    )
     args = parser.parse_args()
     m, h = 4, 64
     budget = m * args.rounds * h * 8 * 64
@@ -86,6 +90,7 @@ def main() -> None:
     for name, kw in modes.items():
         sim = SimConfig(learners=m, followers=2, inner_steps=h, token_budget=budget, **kw)
         synced = make_spec(sim, Path(tempfile.mkdtemp(prefix=f"dipsjax-sys-{name}-")))
+        synced = dataclasses.replace(synced, checkpoints=args.checkpoints == "on")
         launch(synced, progress=False, evaluate=False)
         with_sync = _aggregate(Path(synced.run_dir), m)
         alone = make_spec(sim, Path(tempfile.mkdtemp(prefix="dipsjax-solo-")))

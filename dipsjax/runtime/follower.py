@@ -86,6 +86,8 @@ class FollowerNode:
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
         )
+        if init == "model":  # compile before joining (too costly in memory for huge models)
+            self.warm_up(shard, tx, method.reference)
         if resume is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state
             self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
@@ -113,6 +115,24 @@ class FollowerNode:
             v, shard = self.follower.pull(None if version < 0 else version)
         flat = outer.flatten(shard)
         return v, {i: np.asarray(flat[self.paths[i]]) for i in self.mine}
+
+    def warm_up(self, shard: Any, tx: Any, reference: str) -> None:
+        """One outer step of zeros on a scratch follower, so that compiling the norms, merge
+        and apply for a full round happens before it joins, not during the first round
+        while learners train (on a shared host it would slow them)."""
+        cap = self.spec.sim.learners
+        scratch = Follower(-1, shard, tx, capacity=cap, reference=reference, version_cache=1)
+        zeros = jax.tree.map(np.zeros_like, shard)
+        if self.spec.sim.wire == "bf16":
+            zeros = jax.tree.map(lambda x: x.astype(jnp.bfloat16), zeros)
+        learners = tuple(range(cap))
+        for j in learners:
+            scratch.receive(0, j, zeros)
+        scratch.partial_norms(0, learners, (0,) * cap)
+        ones = (1,) * cap
+        decide = m.Decide(0, learners, (True,) * cap, ones, ones, (1.0 / cap,) * cap, (0.0,) * cap)
+        scratch.merged_partial(decide)
+        scratch.apply(decide, m.Apply(0, 1, 1.0, 0.0))
 
     def on_term(self, *_: Any) -> None:
         """SIGTERM: leave now if waiting for the leader, else after the current action."""

@@ -262,6 +262,8 @@ class LearnerNode:
 
     def save(self, kind: str, round_id: int = -1) -> None:
         """Checkpoints the inner state, data position and counters (asynchronously)."""
+        if not self.spec.checkpoints:
+            return
         meta = {
             "kind": kind,
             "rounds": self.rounds,
@@ -316,14 +318,20 @@ class LearnerNode:
     # -- the loop ----------------------------------------------------------------------
 
     def warm_up(self) -> None:
-        """Compiles the inner step on a throwaway copy before joining, so that compile time
-        never counts as training time (the slowdown multiplies measured training time)."""
-        inner, cfg = self.learner.inner, self.spec.sim
-        params = inner.copy_params(self.learner.params)
+        """Compiles everything a round runs (inner steps, the round's pseudo-gradient, taking
+        a version) on a round of zeros before joining, then puts the learner back as it
+        was, so that compile time never counts as training time (the slowdown multiplies
+        measured training time)."""
+        cfg = self.spec.sim
+        init = self.learner.params_dict()
         batch = np.zeros((cfg.batch_size, cfg.seq_len + 1), np.int32)
-        jax.block_until_ready(
-            inner.step(params, inner.init_opt_state(params), inner.put_batch(batch))
-        )
+        steps = cfg.inner_steps  # the round's shapes: a shorter one compiles another program
+        for _ in range(2):  # the second from pulled parameters, as every real round starts
+            contrib = self.learner.run_round([batch] * steps, num_steps=steps, reference="start")
+            delta = pseudo_gradient(self.reference, contrib, self.learner, init)
+            jax.block_until_ready(add_global_change(delta, init, init))
+            self.learner.pull(init, version=0, reset_optimizer=True)
+        self.learner.steps_done = self.learner.tokens_done = 0
 
     def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
@@ -371,13 +379,16 @@ class LearnerNode:
         for _ in range(rounds):
             data = self.stream.take_round(cfg.inner_steps)
             t0 = time.perf_counter()
-            contrib = self.learner.run_round(data.batches, num_steps=len(data.batches))
+            contrib = self.learner.run_round(
+                data.batches, num_steps=len(data.batches), reference="start"
+            )
             jax.block_until_ready(contrib.delta)
             took = time.perf_counter() - t0
             time.sleep((speed - 1.0) * took)
             self._count(contrib.tokens, t0, took)
             self.rounds += 1
         self.write_stats()
+        self.tb.close()
 
     def run(self) -> None:
         # Heartbeats first: a resumed member must not look dead while it compiles.

@@ -39,7 +39,8 @@ class RunSpec:
         temporaries at a time: what lets the 1B-parameter round fit in 24 GB
         (``round_1b.py``); off by default.
       checkpoints: followers checkpoint after every outer step and save their shard at the
-        end (off only for benchmarks that time a round alone, e.g. ``round_1b.py``).
+        end, learners every round (off only for benchmarks, e.g. ``round_1b.py``, and to
+        measure what checkpointing costs in ``system.py``).
     """
 
     sim: SimConfig

@@ -126,6 +126,9 @@ class LeaderConfig:
         ``N > 0`` deals them in turns to learners ``0 .. N-1`` (and any other member), so
         learner ``j``'s ``i``-th chunk is fixed whatever the timing: DiLoCo's per-worker
         data shards, which make synchronous DiLoCo's rounds independent of timing.
+      min_active: a round's quorum counts at least this many learners even while fewer are
+        active (0: only the active ones): synchronous DiLoCo over a fixed set of workers
+        waits for all of them, also at the start and after a restart.
     """
 
     weighting: str = "tokens"
@@ -143,6 +146,7 @@ class LeaderConfig:
     layer_owner: tuple[int, ...] = ()
     schedule: str = "greedy"
     deal_chunks: int = 0
+    min_active: int = 0
 
     def __post_init__(self) -> None:
         checks = [
@@ -171,6 +175,7 @@ class LeaderConfig:
             ),
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy|optimal"),
             (self.deal_chunks >= 0, "deal_chunks", ">= 0"),
+            (self.min_active >= 0, "min_active", ">= 0"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -789,7 +794,7 @@ class Leader:
             if not rnd.pushes:
                 self.round = None  # its only learners were evicted
                 return self._open_next(t)
-            members = max(len(self.active_members()), 1)
+            members = max(len(self.active_members()), self.config.min_active, 1)
             if rnd.quorum_at is None and len(rnd.pushes) >= self.grace.quorum(members):
                 rnd.quorum_at = t
                 rnd.grace = self.grace.window(t)

@@ -151,7 +151,11 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
             weighting="uniform", penalty=False, max_norm=None, max_participants=1, **common
         )
         return Method(name, "start", lc, _grace(s, "none"), s)
-    lc = LeaderConfig(weighting="uniform", penalty=False, max_norm=None, **common)
+    # With dealt chunks (a fixed set of M workers) every round waits for all M, from the
+    # first round on and after a restart: rounds that do not depend on timing.
+    lc = LeaderConfig(
+        weighting="uniform", penalty=False, max_norm=None, min_active=s.deal_chunks, **common
+    )
     return Method(name, "start", lc, grace_lib.QuorumGrace(k=s.learners, grace=False), s)
 
 

@@ -23,8 +23,8 @@ LAUNCH = (
 
 
 def _stop_at_version(spec, version, tmp_path, after=0.5):
-    """Runs ``spec`` in a launcher process and Ctrl-C's it once the leader is at
-    ``version`` (plus ``after`` seconds, to land mid-round)."""
+    """Runs ``spec`` in a launcher process and Ctrl-C's it once every learner has pushed
+    and the leader is at ``version`` (plus ``after`` seconds, to land mid-round)."""
     spec_path = tmp_path / "spec-for-launcher.json"
     spec.write(spec_path)
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(spec_path)])
@@ -33,7 +33,9 @@ def _stop_at_version(spec, version, tmp_path, after=0.5):
     while time.monotonic() < deadline:
         time.sleep(0.2)
         try:
-            if json.loads(status.read_text())["version"] >= version:
+            st = json.loads(status.read_text())
+            pushed = [v["tokens"] > 0 for v in st["learners"].values()]
+            if st["version"] >= version and len(pushed) == spec.sim.learners and all(pushed):
                 break
         except (OSError, ValueError):
             pass
@@ -62,7 +64,7 @@ def _saved(run):
     return snap, learners, followers
 
 
-def _check_resumed(run, sim, summary, saved):
+def _check_resumed(run, sim, summary, saved, everyone_back):
     snap, learners, followers = saved
     v = snap["version"]
     # Every follower came back at the leader's version, from its checkpoint of it.
@@ -76,10 +78,11 @@ def _check_resumed(run, sim, summary, saved):
     assert resume["version"] == v
     later = [r for r in tape.records if r.get("t", -1) > resume["t"]]
     members = [r for r in later if r["kind"] == "membership"]
-    # Every learner came back as itself (same incarnation, nobody evicted or restarted).
-    assert sorted(r["learner"] for r in members if r["event"] == "resume") == list(
-        range(sim.learners)
-    )
+    # Every learner that came back before the budget was reached came back as itself (same
+    # incarnation, from its checkpoints), and nobody was evicted or restarted.
+    back = sorted(r["learner"] for r in members if r["event"] == "resume")
+    assert back == list(range(sim.learners)) if everyone_back else back, members
+    assert len(set(back)) == len(back)
     assert not [r for r in members if r["event"] in ("evict", "restart", "join")], members
     pushes = sorted(
         (p for r in tape.round_records() for p in r.participants + r.dropped),
@@ -90,6 +93,9 @@ def _check_resumed(run, sim, summary, saved):
     # version, and trains first the chunks the leader said were still its own.
     checked = 0
     for j, (name, metas) in enumerate(learners.items()):
+        if not (run / name / "resumed.json").exists():
+            assert j not in back  # never came back before the budget was reached
+            continue
         got = json.loads((run / name / "resumed.json").read_text())
         assert got["step"] in metas and got["position"] == metas[got["step"]]["position"]
         newest = metas[max(metas)]
@@ -104,7 +110,7 @@ def _check_resumed(run, sim, summary, saved):
         assert first.meta.base_version == v and first.meta.pulled
         n = min(len(got["regrant"]), len(first.meta.new_chunks))
         assert list(first.meta.new_chunks[:n]) == got["regrant"][:n]
-    assert checked >= 2
+    assert checked >= 1
     # Every chunk finished by a push the followers used was finished once.
     used = [c for r in tape.round_records() if r.applied for p in r.participants
             for c in p.meta.finished_chunks]  # fmt: skip
@@ -147,7 +153,8 @@ def test_sync_diloco_resumed_ends_exactly_where_an_uninterrupted_run_ends(tmp_pa
     saved = _saved(run)
     assert 3 <= saved[0]["version"] < ref["version"]  # stopped part way
     summary = launch(resumable(run), timeout=400, progress=False, evaluate=False, resume=True)
-    version, params = _check_resumed(run, sim, summary, saved)
+    # Every round waits for both workers (min_active): both must come back.
+    version, params = _check_resumed(run, sim, summary, saved, everyone_back=True)
     ref_version, ref_params = final_params(tmp_path / "ref")
     assert version == ref_version == 6
     assert tree_equal(params, ref_params)
@@ -168,5 +175,6 @@ def test_dips_resumed_continues_from_every_checkpoint(tmp_path):
     summary = launch(
         resumable(tmp_path / "run"), timeout=400, progress=False, evaluate=False, resume=True
     )
-    _check_resumed(tmp_path / "run", sim, summary, saved)
+    # A learner that restarts slower may find the budget reached by the others.
+    _check_resumed(tmp_path / "run", sim, summary, saved, everyone_back=False)
     assert summary["leader_tokens"]["reported"] >= sim.token_budget

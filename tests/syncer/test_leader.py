@@ -721,3 +721,17 @@ def test_a_learner_resuming_while_the_leader_runs_loses_only_its_unsent_push():
     assert leader.round is None or not leader.round.pushes
     leader.handle(L.PullDone(1.5, 0, 0))
     assert kinds(leader.handle(push(2.0, 0, 10, 1, 0)))[0] == "PushShards"  # not "pending"
+
+
+def test_min_active_makes_the_first_round_wait_for_every_worker():
+    leader = Leader(LeaderConfig(penalty=False, min_active=2), QuorumGrace(k=2, grace=False))
+    join_all(leader, 1)  # learner 1 is still starting
+    assert leader.handle(push(0.0, 0, 10, 1, 0)) == [L.PushShards(0, 0)]
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    assert leader.phase.value == "collecting"  # without min_active it would close now
+    join_all_one = leader.handle(L.Join(1.0, 1))
+    assert kinds(join_all_one) == ["SendModel"]
+    leader.handle(L.PullDone(1.0, 1, 0))
+    leader.handle(push(2.0, 1, 10, 1, 0))
+    leader.handle(L.TransferDone(2.1, 1, 0))
+    assert leader.round.learners == (0, 1) and leader.phase.value == "norms"

@@ -51,7 +51,7 @@ def stand_in(spec_path: str, j: int) -> None:
     import ml_dtypes
     import numpy as np
 
-    from dipsjax.runtime.client import ControlClient, model_shapes
+    from dipsjax.runtime.client import ControlClient, in_parallel, model_shapes
     from dipsjax.runtime.spec import RunSpec, address
     from dipsjax.syncer import messages as m
     from dipsjax.transport.dataplane import DataPlaneClient
@@ -77,21 +77,7 @@ def stand_in(spec_path: str, j: int) -> None:
                 return a
 
     def parallel(fn) -> None:
-        errors: list[BaseException] = []
-
-        def one(k: int) -> None:
-            try:
-                fn(k)
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(clients))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        in_parallel(fn, range(len(clients)))
 
     received = [0] * len(clients)
 

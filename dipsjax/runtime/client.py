@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -46,6 +46,29 @@ class ControlClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def in_parallel(fn: Callable[[int], Any], keys: Iterable[int]) -> list[Any]:
+    """``[fn(k) for k in keys]``, each in its own thread (one per follower: transfers to
+    and from every follower at once); raises the first error once all have finished."""
+    keys = list(keys)
+    results: list[Any] = [None] * len(keys)
+
+    def one(i: int) -> None:
+        try:
+            results[i] = fn(keys[i])
+        except Exception as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(keys))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    return results
 
 
 def model_shapes(spec: RunSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], Any]]:

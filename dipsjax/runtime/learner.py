@@ -53,7 +53,7 @@ from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
-from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime.client import ControlClient, in_parallel
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
 from dipsjax.syncer import messages as m
@@ -193,22 +193,7 @@ class LearnerNode:
     def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
         """One complete model of one version, from every follower at once."""
         clients = self.data if clients is None else clients
-        results: list[Any] = [None] * len(clients)
-
-        def one(k: int) -> None:
-            try:
-                results[k] = clients[k].pull(version, codec="fp32")
-            except Exception as e:
-                results[k] = e
-
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(clients))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for r in results:
-            if isinstance(r, Exception):
-                raise r
+        results = in_parallel(lambda k: clients[k].pull(version, codec="fp32"), range(len(clients)))
         versions = {v for v, _ in results}
         if versions != {version}:
             raise RuntimeError(f"pulled versions {versions}, wanted {version}")
@@ -220,29 +205,15 @@ class LearnerNode:
         by_follower: dict[int, list] = {}
         for tr in plan.transfers:  # in the plan's order
             by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
-        base = self.learner.version
-        errors: list[Exception] = []
+        base, codec = self.learner.version, self.spec.sim.wire
 
-        def one(k: int) -> None:
-            try:
-                self.data[k].push(
-                    plan.round_id,
-                    self.j,
-                    self.incarnation,
-                    base,
-                    by_follower[k],
-                    codec=self.spec.sim.wire,
-                )
-            except Exception as e:
-                errors.append(e)
+        def one(k: int) -> int:
+            tensors = by_follower[k]
+            return self.data[k].push(
+                plan.round_id, self.j, self.incarnation, base, tensors, codec=codec
+            )
 
-        threads = [threading.Thread(target=one, args=(k,)) for k in sorted(by_follower)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        in_parallel(one, sorted(by_follower))
 
     def adopt(self, version: int, first: bool, rounds: int = -1) -> None:
         v, params = self.pull(version)

@@ -24,7 +24,7 @@ import numpy as np
 class Checkpoints:
     """Asynchronous orbax checkpoints in ``directory``, keeping the ``keep`` newest."""
 
-    def __init__(self, directory: str | Path, keep: int = 3) -> None:
+    def __init__(self, directory: str | Path, keep: int = 3, asynchronous: bool = True) -> None:
         import orbax.checkpoint as ocp
 
         if keep < 1:
@@ -33,7 +33,9 @@ class Checkpoints:
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True),
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep, enable_async_checkpointing=asynchronous
+            ),
         )
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:

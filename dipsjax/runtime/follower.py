@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import signal
 import sys
@@ -42,7 +43,7 @@ from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.follower import Follower
+from dipsjax.syncer.follower import Follower, warm_up
 from dipsjax.transport.dataplane import DataPlaneServer
 
 
@@ -87,7 +88,8 @@ class FollowerNode:
             version_cache=spec.sim.version_cache,
         )
         if init == "model":  # compile before joining (too costly in memory for huge models)
-            self.warm_up(shard, tx, method.reference)
+            wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
+            warm_up(shard, tx, spec.sim.learners, method.reference, wire)
         if resume is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state
             self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
@@ -116,24 +118,6 @@ class FollowerNode:
         flat = outer.flatten(shard)
         return v, {i: np.asarray(flat[self.paths[i]]) for i in self.mine}
 
-    def warm_up(self, shard: Any, tx: Any, reference: str) -> None:
-        """One outer step of zeros on a scratch follower, so that compiling the norms, merge
-        and apply for a full round happens before it joins, not during the first round
-        while learners train (on a shared host it would slow them)."""
-        cap = self.spec.sim.learners
-        scratch = Follower(-1, shard, tx, capacity=cap, reference=reference, version_cache=1)
-        zeros = jax.tree.map(np.zeros_like, shard)
-        if self.spec.sim.wire == "bf16":
-            zeros = jax.tree.map(lambda x: x.astype(jnp.bfloat16), zeros)
-        learners = tuple(range(cap))
-        for j in learners:
-            scratch.receive(0, j, zeros)
-        scratch.partial_norms(0, learners, (0,) * cap)
-        ones = (1,) * cap
-        decide = m.Decide(0, learners, (True,) * cap, ones, ones, (1.0 / cap,) * cap, (0.0,) * cap)
-        scratch.merged_partial(decide)
-        scratch.apply(decide, m.Apply(0, 1, 1.0, 0.0))
-
     def on_term(self, *_: Any) -> None:
         """SIGTERM: leave now if waiting for the leader, else after the current action."""
         self.terminating = True
@@ -143,6 +127,7 @@ class FollowerNode:
     def handle(self, action: m.Action) -> bool:
         """Carries out one decision; returns False on Stop."""
         f, k = self.follower, self.k
+        after = None
         with self.lock:
             if isinstance(action, m.RequestNorms):
                 with self._turn():
@@ -161,15 +146,8 @@ class FollowerNode:
                     d = f.decisions[action.round_id]
                     v = f.apply(d, action)
                     apply_s = time.perf_counter() - t0
-                self._log_decision(d, action)
-                self.tb.add_scalar("follower/apply_s", apply_s, v)
-                self._write_timing(v, apply_s)
-                if self.spec.checkpoints:
-                    st = f.state
-                    self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
-                if self.spec.checkpoints and v % self.spec.sim.eval_every == 0:
-                    self.save(f"v{v}")
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
+                after = functools.partial(self._after_apply, d, action, v, apply_s)
             elif isinstance(action, m.Discard):
                 f.discard(action.round_id)
                 reply = None
@@ -179,7 +157,24 @@ class FollowerNode:
                 reply = None
         if reply is not None:
             self.control.call(reply)
+        if after is not None:
+            after()
         return True
+
+    def _after_apply(self, d: m.Decide, a: m.Apply, v: int, apply_s: float) -> None:
+        """Bookkeeping of an outer step, done once the leader has the reply so that it is
+        off the round's critical path: the decision log, timings, the orbax checkpoint of
+        version ``v`` (started before the next action, so it holds exactly ``v``) and, every
+        ``eval_every`` versions, the shard for evaluation."""
+        self._log_decision(d, a)
+        self.tb.add_scalar("follower/apply_s", apply_s, v)
+        self._write_timing(v, apply_s)
+        if self.spec.checkpoints:
+            with self.lock:
+                st = self.follower.state
+                self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
+                if v % self.spec.sim.eval_every == 0:
+                    self.save(f"v{v}")
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:

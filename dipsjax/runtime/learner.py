@@ -91,7 +91,7 @@ class LearnerNode:
             chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.next_chunk
         )
         self.regrant: list[int] = []  # resumed: chunks still leased to it, trained first
-        self.ckpt = Checkpoints(Path(spec.run_dir) / f"learner{j}" / "ckpt")
+        self.ckpt = Checkpoints(Path(spec.run_dir) / f"learner{j}" / "ckpt", asynchronous=False)
         self.saved_round = -1  # the round whose start was checkpointed
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.control = ControlClient(spec, learner=j)
@@ -341,6 +341,7 @@ class LearnerNode:
         """The same learner with no outer communication: ``rounds`` rounds back to back on a
         fixed chunk order (the baseline of ``benchmarks/system.py``)."""
         self.warm_up()
+        self._barrier("solo")
         cfg = self.spec.sim
         order = [(self.j * 97 + i) % self.spec.num_chunks for i in range(self.spec.num_chunks)]
         self.stream = BatchStream(
@@ -360,6 +361,19 @@ class LearnerNode:
             self.rounds += 1
         self.write_stats()
         self.tb.close()
+
+    def _barrier(self, name: str, timeout: float = 600.0) -> None:
+        """Waits until every learner of the run has reached ``name`` (marker files in the run
+        directory), so that solo learners train at the same time, contending for the cores
+        as they do in a run, not some of them alone while others still compile."""
+        marks = Path(self.spec.run_dir) / f"barrier-{name}"
+        marks.mkdir(exist_ok=True)
+        (marks / str(self.j)).touch()
+        deadline = time.monotonic() + timeout
+        while len(list(marks.iterdir())) < self.spec.sim.learners:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"learner {self.j}: not every learner reached {name!r}")
+            time.sleep(0.01)
 
     def run(self) -> None:
         # Heartbeats first: a resumed member must not look dead while it compiles.
@@ -417,11 +431,11 @@ class LearnerNode:
                 if not isinstance(a, m.PushShards):
                     raise Stopped(f"{type(a).__name__}: {a.reason}")
                 self.push(a, delta)
-                if not overlap:
-                    self.save("pushed", a.round_id)
                 if overlap:
                     self.fresh.clear()
                 self.control.call(m.TransferDone(0.0, self.j, a.round_id))
+                if not overlap:  # while the round runs: off its critical path
+                    self.save("pushed", a.round_id)
                 if not overlap:
                     self.adopt(self.wait_for(m.NotifyPull).version, first=False)
                     pulled = True

@@ -240,6 +240,25 @@ class Follower:
             del self._staged[key]
 
 
+def warm_up(shard: Any, tx: Any, capacity: int, reference: str, wire_dtype: Any) -> None:
+    """Compiles every program of an outer step for this shard and capacity before a run
+    needs them, by running rounds of zeros on a scratch follower: norms, merge and apply
+    of rows in ``wire_dtype`` on the current version, and (server reference) of rows one
+    version stale, which are rebuilt in FP32 and so run other programs. A runtime follower
+    calls it before joining, so no compile lands in a round while learners train."""
+    scratch = Follower(-1, shard, tx, capacity=capacity, reference=reference, version_cache=2)
+    zeros = jax.tree.map(lambda x: np.zeros(x.shape, wire_dtype), shard)
+    learners, ones = tuple(range(capacity)), (1,) * capacity
+    for r in range(2 if reference == "server" else 1):
+        for j in learners:
+            scratch.receive(r, j, zeros)
+        scratch.partial_norms(r, learners, (0,) * capacity)
+        uniform = (1.0 / capacity,) * capacity
+        decide = Decide(r, learners, (True,) * capacity, ones, ones, uniform, (0.0,) * capacity)
+        scratch.merged_partial(decide)
+        scratch.apply(decide, Apply(r, r + 1, 1.0, 0.0))
+
+
 def _staged_dtype(x: Any) -> jax.Array:
     """A staged tensor: BF16 and FP32 as they came, anything else as FP32."""
     x = jnp.asarray(x)

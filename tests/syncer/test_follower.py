@@ -223,3 +223,37 @@ def test_bf16_staging_gives_the_float32_result_and_releases_staged_shards(make_t
     f = Follower(0, PARAMS, outer.dips(), capacity=2)
     f.receive(1, 0, payloads[0])
     assert {x.dtype for x in jax.tree.leaves(f._staged[(1, 0)])} == {jnp.dtype(jnp.bfloat16)}
+
+
+@pytest.mark.parametrize("reference", ["start", "server"])
+def test_warm_up_compiles_every_program_a_round_runs(reference):
+    """After ``warm_up``, a round on the current version and one whose rows are a version
+    stale (server reference: rebuilt in FP32, other programs) compile nothing. Before the
+    fix the stale round compiled the server correction and FP32 norms, merge and apply in
+    the middle of a run (2.6 s of a system benchmark's first stale round)."""
+    import ml_dtypes
+
+    from dipsjax.syncer import follower as fmod
+
+    tx = outer.dips() if reference == "server" else outer.decoupled_diloco()
+    # Shapes of their own, so that no other test compiled these programs first.
+    shard = {"w": np.ones((5, 7), np.float32), "b": np.zeros(7, np.float32)}
+    fmod.warm_up(shard, tx, 3, reference, ml_dtypes.bfloat16)
+    programs = (fmod._sq_norms, fmod._server_delta, fmod._merged_norm, fmod._apply)
+    before = [p._cache_size() for p in programs]
+    f = Follower(0, shard, tx, capacity=3, reference=reference)
+    rng = np.random.default_rng(0)
+    for r, bases in enumerate([(0, 0), (0, 1)]):  # the second round: learner 0 is stale
+        for j in (0, 1):
+            f.receive(
+                r,
+                j,
+                jax.tree.map(
+                    lambda x: rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16), shard
+                ),
+            )
+        g = f.partial_norms(r, (0, 1), bases)
+        decide = L.Decide(r, (0, 1), (True, True), (5, 5), (1, 1), (0.5, 0.5), tuple(map(float, g)))
+        merged = f.merged_partial(decide)
+        assert f.apply(decide, L.Apply(r, r + 1, 1.0, merged)) == r + 1
+    assert [p._cache_size() for p in programs] == before

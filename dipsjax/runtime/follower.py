@@ -14,7 +14,14 @@ the checkpoint of version ``V`` (the leader's version, which the launcher reads 
 leader's snapshot: a follower stopped mid-update may have saved one version more). SIGTERM
 exits cleanly, after the writes in flight.
 
-Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K [--resume V]``.
+Faults: a heartbeat thread tells the leader the follower is alive (one silent for 3
+intervals is lost and the round that needs it discarded whole). ``--resume latest``
+restarts from the newest checkpoint (the launcher's restart after a crash, on the same
+port): the follower first reports itself lost, then joins at its version. When the leader
+dies, the follower keeps its state, forgets staged shards of unfinished rounds, and joins
+the restarted leader at its version.
+
+Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K [--resume V|latest]``.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,15 +73,14 @@ class FollowerNode:
         else:
             raise ValueError(f"init must be 'model' or 'zeros', got {init!r}")
         shard = outer.unflatten({self.paths[i]: flat[self.paths[i]] for i in self.mine})
-        method = methods.build(
-            spec.sim.method, spec.sim.method_settings(spec.layer_owner, len(spec.followers))
-        )
+        method = methods.build(spec.sim.method, spec.method_settings())
         tx = method.make_tx()
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
         version, opt_state = 0, None
         if resume is not None:
             template = (shard, tx.init(shard))
-            (shard, opt_state), meta = self.ckpt.restore(template, step=resume)
+            step = None if resume < 0 else resume  # -1: the newest (a restart mid-run)
+            (shard, opt_state), meta = self.ckpt.restore(template, step=step)
             version = int(meta["version"])
             self.ckpt.drop_after(version)  # a newer step is from a round never finished
             print(f"follower {k}: resumed at version {version}", flush=True)
@@ -96,6 +103,8 @@ class FollowerNode:
         self.lock = threading.Lock()
         self.busy = False  # carrying out an action: SIGTERM waits for it to finish
         self.terminating = False
+        self.restarted = resume is not None
+        self.stop = threading.Event()
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"follower{k}"))
         self.control = ControlClient(spec, follower=k)
         host, port = address(spec.followers[k])
@@ -130,12 +139,20 @@ class FollowerNode:
         after = None
         with self.lock:
             if isinstance(action, m.RequestNorms):
+                if not f.holds(action.round_id, action.learners):
+                    # Shards this process never received (it restarted, or the leader did):
+                    # the leader discards that round (the follower was lost); say nothing.
+                    print(f"follower {k}: no shards of round {action.round_id}", flush=True)
+                    return True
                 with self._turn():
                     g = f.partial_norms(action.round_id, action.learners, action.base_versions)
                 reply: m.Event | None = m.FollowerNorms(
                     0.0, k, action.round_id, tuple(float(x) for x in g)
                 )
             elif isinstance(action, m.Decide):
+                if not f.holds(action.round_id):
+                    print(f"follower {k}: no batch of round {action.round_id}", flush=True)
+                    return True
                 with self._turn():
                     merged = f.merged_partial(action)
                 reply = m.FollowerMerged(0.0, k, action.round_id, merged)
@@ -220,20 +237,61 @@ class FollowerNode:
         np.savez(out / f"{name}.npz", __version__=np.asarray(v), **arrays)
         return out / f"{name}.npz"
 
-    def run(self) -> None:
-        self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
+    def _heartbeats(self) -> None:
+        while not self.stop.wait(self.spec.heartbeat_interval):
+            with contextlib.suppress(Exception):  # a missed beat is the leader's to judge
+                self.control.call(m.FollowerHeartbeat(0.0, self.k), timeout=5.0)
+
+    def _join(self) -> None:
+        """Tells the leader this follower serves its version. Restarted mid-run, it first
+        says it was lost: the round in flight needs shards this process never received,
+        and is discarded whole (never half applied) unless heartbeats already did that."""
+        while True:  # the leader may be restarting too: wait for it
+            try:
+                if self.restarted:
+                    self.control.call(m.FollowerLost(0.0, self.k, "restarted"))
+                self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
+                return
+            except grpc.RpcError:
+                if self.terminating:
+                    raise SystemExit(0) from None
+                time.sleep(0.5)
+
+    def _serve(self) -> bool:
+        """Carries out the leader's actions until Stop or SIGTERM (True), or until the
+        control stream breaks (False: the leader died; it will be back on its port)."""
         try:
             for action in self.control.watch():
                 self.busy = True
                 go_on = self.handle(action)
                 self.busy = False
                 if not go_on or self.terminating:
-                    break
+                    return True
+        except grpc.RpcError as e:
+            self.busy = False
+            if self.terminating:
+                return True
+            print(f"follower {self.k}: watch ended ({e.code()})", flush=True)
+            time.sleep(min(self.spec.heartbeat_interval, 1.0))
+            return False
+        return True
+
+    def run(self) -> None:
+        self._join()
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        try:
+            while not self._serve():  # the leader went away: join it again once it is back
+                print(f"follower {self.k}: control plane lost; rejoining", flush=True)
+                with self.lock:
+                    self.follower.discard_all()  # a resumed leader starts its rounds afresh
+                self.restarted = False
+                self._join()
             if self.spec.checkpoints:
                 with self.lock:
                     self.save("final")
             self.tb.close()
         finally:
+            self.stop.set()
             self.data.close()
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
@@ -244,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec")
     parser.add_argument("index", type=int)
     parser.add_argument(
-        "--resume", type=int, default=None, metavar="V", help="restart from version V's checkpoint"
+        "--resume",
+        default=None,
+        metavar="V",
+        help="restart from version V's checkpoint, or from the newest ('latest')",
     )
     parser.add_argument(
         "--init",
@@ -253,7 +314,12 @@ def main(argv: list[str] | None = None) -> int:
         help="shard at version 0: the model's initialization, or zeros (large-model benchmarks)",
     )
     args = parser.parse_args(argv)
-    node = FollowerNode(RunSpec.read(args.spec), args.index, args.resume, args.init)
+    resume = args.resume
+    if resume is not None:
+        if resume != "latest" and not resume.isdigit():
+            parser.error(f"--resume takes a version (>= 0) or 'latest', got {resume!r}")
+        resume = -1 if resume == "latest" else int(resume)
+    node = FollowerNode(RunSpec.read(args.spec), args.index, resume, args.init)
     signal.signal(signal.SIGTERM, node.on_term)  # exits through the finally blocks
     node.run()
     return 0

@@ -66,10 +66,11 @@ class LeaderNode:
 
     def __init__(self, spec: RunSpec, leader: Leader | None = None) -> None:
         self.spec = spec
+        resumed = leader is not None
         if leader is None:
             method = methods.build(
                 spec.sim.method,
-                spec.sim.method_settings(spec.layer_owner, len(spec.followers)),
+                spec.method_settings(),
             )
             leader = Leader(
                 method.leader, method.grace, data=new_ledger(spec.num_chunks, seed=spec.sim.seed)
@@ -80,7 +81,7 @@ class LeaderNode:
         self.t0 = time.monotonic()
         self.dir = Path(spec.run_dir)
         status = self.dir / "leader" / "status.json"
-        if leader is not None and status.exists():  # resumed: the clock goes on
+        if resumed and status.exists():  # resumed: the clock goes on
             self.t0 -= float(json.loads(status.read_text())["t"])
         (self.dir / "leader").mkdir(parents=True, exist_ok=True)
         self.tape_path = self.dir / "tape.jsonl"
@@ -139,6 +140,13 @@ class LeaderNode:
             q.put_nowait(env)
         self.queues[who] = q
         return q
+
+    def unwatch(self, who: tuple[str, int], q: asyncio.Queue) -> None:
+        """A watch stream ended: undelivered actions wait in ``pending`` for its next one."""
+        if self.queues.get(who) is q:
+            del self.queues[who]
+            while not q.empty():
+                self.pending[who].append(q.get_nowait())
 
     def _persist(self) -> None:
         snap = self.dir / "leader" / "snapshot.json"
@@ -248,12 +256,16 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "watch: name a learner or follower"
             )
-        q = self.node.watch((kind, getattr(request, kind)))
-        while True:
-            env = await q.get()
-            yield env
-            if env.WhichOneof("message") == "stop":
-                return
+        who = (kind, getattr(request, kind))
+        q = self.node.watch(who)
+        try:
+            while True:
+                env = await q.get()
+                yield env
+                if env.WhichOneof("message") == "stop":
+                    return
+        finally:  # the peer went away: what is routed to it waits until it watches again
+            self.node.unwatch(who, q)
 
 
 def restored(spec: RunSpec) -> Leader:

@@ -35,6 +35,7 @@ import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import sys
 import threading
@@ -58,11 +59,37 @@ from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.transport.dataplane import DataPlaneClient
+from dipsjax.transport.dataplane import DataPlaneClient, FrameError, TransferError
 
 
 class Stopped(Exception):
     """The leader stopped the job (or evicted this learner for good)."""
+
+
+class LeaderLost(Exception):
+    """The control stream broke: the leader died (the launcher restarts it on its port)."""
+
+    def __init__(self, why: str, generation: int = -1) -> None:
+        super().__init__(why)
+        self.generation = generation
+
+
+# Transfer errors a learner outlives: the follower died or restarted (its port comes back).
+TRANSFER_ERRORS = (OSError, FrameError, TransferError)
+
+
+def retrying(fn: Any, what: str, patience: float = 60.0) -> Any:
+    """``fn()``, tried again on transfer errors for ``patience`` seconds: a follower that
+    died comes back on its port (its client reconnects), and the transfer goes through."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            return fn()
+        except TRANSFER_ERRORS as e:
+            if time.monotonic() > deadline:
+                raise
+            print(f"{what} failed ({type(e).__name__}: {e}); trying again", flush=True)
+            time.sleep(0.5)
 
 
 class LearnerNode:
@@ -91,7 +118,10 @@ class LearnerNode:
             chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.next_chunk
         )
         self.regrant: list[int] = []  # resumed: chunks still leased to it, trained first
-        self.ckpt = Checkpoints(Path(spec.run_dir) / f"learner{j}" / "ckpt", asynchronous=False)
+        ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
+        if incarnation > 0 and not resume and ckpt_dir.exists():
+            shutil.rmtree(ckpt_dir)  # a dead incarnation's state: this one starts afresh
+        self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         self.saved_round = -1  # the round whose start was checkpointed
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.control = ControlClient(spec, learner=j)
@@ -104,6 +134,8 @@ class LearnerNode:
         self.fresh.set()
         self.base: Any = None
         self.stop = threading.Event()
+        self.pulled = True  # the next push is the first since a pull
+        self.generation = 0  # of the watch stream: a LeaderLost of an older one is stale
         self.rounds = 0
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
         # Tokens of every push the leader took (its reply came back), across restarts: the
@@ -111,7 +143,7 @@ class LearnerNode:
         self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
         self.reported = (
             json.loads(self.reported_path.read_text())["tokens"]
-            if resume and self.reported_path.exists()
+            if (resume or incarnation > 0) and self.reported_path.exists()
             else 0
         )
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
@@ -127,7 +159,7 @@ class LearnerNode:
                 return a.chunk
         return None
 
-    def _watch(self) -> None:
+    def _watch(self, generation: int) -> None:
         try:
             for a in self.control.watch(self.incarnation):
                 if self.spec.sim.overlap and isinstance(a, m.NotifyPull):
@@ -136,8 +168,22 @@ class LearnerNode:
                 self.actions.put(a)
                 if isinstance(a, m.Stop):
                     return
-        except Exception as e:  # the leader went away: the main loop sees it
-            self.actions.put(e)
+        except Exception as e:  # the leader went away: the main loop rejoins
+            self.actions.put(LeaderLost(f"watch ended: {e}", generation))
+
+    def start_watch(self) -> None:
+        """A new watch stream (the first, or after the leader came back); errors of older
+        streams are then ignored."""
+        self.generation += 1
+        threading.Thread(target=self._watch, args=(self.generation,), daemon=True).start()
+
+    def _raise_if(self, a: Any) -> None:
+        if isinstance(a, LeaderLost) and a.generation >= self.generation:
+            raise a
+        if isinstance(a, Exception) and not isinstance(a, LeaderLost):
+            raise LeaderLost(f"{type(a).__name__}: {a}")
+        if isinstance(a, m.Stop):
+            raise Stopped(a.reason)
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(self.spec.heartbeat_interval):
@@ -151,10 +197,7 @@ class LearnerNode:
         if self.terminating:
             raise Stopped("SIGTERM")
         for a in pending:
-            if isinstance(a, Exception):
-                raise Stopped(f"control stream lost: {a}")
-            if isinstance(a, m.Stop):
-                raise Stopped(a.reason)
+            self._raise_if(a)
 
     def wait_for(self, *kinds: type) -> m.Action:
         while True:
@@ -164,10 +207,7 @@ class LearnerNode:
                 a = self.actions.get(timeout=0.2)
             except queue.Empty:
                 continue
-            if isinstance(a, Exception):
-                raise Stopped(f"control stream lost: {a}")
-            if isinstance(a, m.Stop):
-                raise Stopped(a.reason)
+            self._raise_if(a)
             if isinstance(a, kinds):
                 return a
 
@@ -184,16 +224,21 @@ class LearnerNode:
             try:
                 v, params = self.pull(a.version, self.pull_data)
                 self.control.call(m.PullDone(0.0, self.j, v))
-            except Exception as e:
+            except Exception as e:  # the leader died (the main loop rejoins): go on
                 self.actions.put(e)
-                return
+                continue
             self.latest = (v, params)
             self.fresh.set()
 
     def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
         """One complete model of one version, from every follower at once."""
         clients = self.data if clients is None else clients
-        results = in_parallel(lambda k: clients[k].pull(version, codec="fp32"), range(len(clients)))
+        results = in_parallel(
+            lambda k: retrying(
+                lambda: clients[k].pull(version, codec="fp32"), f"pull from follower {k}"
+            ),
+            range(len(clients)),
+        )
         versions = {v for v, _ in results}
         if versions != {version}:
             raise RuntimeError(f"pulled versions {versions}, wanted {version}")
@@ -213,7 +258,13 @@ class LearnerNode:
                 plan.round_id, self.j, self.incarnation, base, tensors, codec=codec
             )
 
-        in_parallel(one, sorted(by_follower))
+        order = sorted(by_follower)
+        if self.spec.push_pause > 0 and len(order) > 1:  # fault injection: a push cut mid-way
+            one(order[0])
+            print(f"learner {self.j}: mid-push pause, round {plan.round_id}", flush=True)
+            time.sleep(self.spec.push_pause)
+            order = order[1:]
+        in_parallel(lambda k: retrying(lambda: one(k), f"push to follower {k}"), order)
 
     def adopt(self, version: int, first: bool, rounds: int = -1) -> None:
         v, params = self.pull(version)
@@ -379,74 +430,18 @@ class LearnerNode:
         # Heartbeats first: a resumed member must not look dead while it compiles.
         threading.Thread(target=self._heartbeats, daemon=True).start()
         self.warm_up()
-        threading.Thread(target=self._watch, daemon=True).start()
-        overlap = self.spec.sim.overlap
-        if overlap:
+        self.start_watch()
+        if self.spec.sim.overlap:
             threading.Thread(target=self._puller, daemon=True).start()
         try:
-            self.control.call(m.Join(0.0, self.j, self.incarnation, resume=self.resume))
-            send = self.wait_for(m.SendModel)
-            if self.resume:
-                record = self.restore(send)
-                out = Path(self.spec.run_dir) / f"learner{self.j}"
-                (out / "resumed.json").write_text(json.dumps(record))
-                print(f"learner {self.j}: resumed {record}", flush=True)
-            kept = self.rounds if self.resume else -1  # rounds its restored state trained
-            self.adopt(send.version, first=not self.resume, rounds=kept)
-            speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
-            pulled = True
+            self.join()
             while True:
-                latest = self.latest
-                if overlap and latest is not None and latest[0] > self.learner.version:
-                    self.take(*latest)  # the newest version, at a round start
-                    pulled = True
-                self.check_stopped()
-                if self.saved_round != self.rounds:
-                    self.save("start")
-                    self.saved_round = self.rounds
-                data = self.stream.take_round(self.spec.sim.inner_steps)
-                if not data.batches:
-                    time.sleep(0.5)  # no chunk to lease now
-                    continue
-                t0 = time.perf_counter()
-                contrib = self.learner.run_round(
-                    data.batches, num_steps=len(data.batches), reference="start"
-                )
-                delta = pseudo_gradient(self.reference, contrib, self.learner, self.base)
-                delta = jax.block_until_ready(delta)
-                took = time.perf_counter() - t0
-                time.sleep((speed - 1.0) * took)
-                self._count(contrib.tokens, t0, took)
-                meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=pulled)
-                pulled = False
-                done = self.learner.tokens_done
-                self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
-                self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
-                while overlap and not self.fresh.wait(0.5):  # one push in flight at a time
-                    self.check_stopped()
-                self.control.call(m.PushRequested(0.0, self.j, meta))
-                self.reported += meta.tokens
-                self._write_reported()
-                a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
-                if not isinstance(a, m.PushShards):
-                    raise Stopped(f"{type(a).__name__}: {a.reason}")
-                self.push(a, delta)
-                if overlap:
-                    self.fresh.clear()
-                self.control.call(m.TransferDone(0.0, self.j, a.round_id))
-                if not overlap:  # while the round runs: off its critical path
-                    self.save("pushed", a.round_id)
-                if not overlap:
-                    self.adopt(self.wait_for(m.NotifyPull).version, first=False)
-                    pulled = True
-                self.rounds += 1
+                try:
+                    self.train()
+                except (LeaderLost, grpc.RpcError) as e:
+                    self.rejoin(e)
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
-        except grpc.RpcError as e:  # the leader finished (or went away) during a call
-            print(
-                f"learner {self.j}: control plane gone ({e.code()}) after {self.rounds} rounds",
-                flush=True,
-            )
         finally:
             self.write_stats()
             self.stop.set()
@@ -454,6 +449,108 @@ class LearnerNode:
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             for c in self.data + self.pull_data:
                 c.close()
+
+    def join(self) -> None:
+        """Joins (or, resumed, rejoins from its checkpoints) and pulls the version sent."""
+        self.control.call(m.Join(0.0, self.j, self.incarnation, resume=self.resume))
+        send = self.wait_for(m.SendModel)
+        if self.resume:
+            record = self.restore(send)
+            out = Path(self.spec.run_dir) / f"learner{self.j}"
+            (out / "resumed.json").write_text(json.dumps(record))
+            print(f"learner {self.j}: resumed {record}", flush=True)
+        kept = self.rounds if self.resume else -1  # rounds its restored state trained
+        self.adopt(send.version, first=not self.resume, rounds=kept)
+        self.pulled = True
+
+    def rejoin(self, why: Exception, patience: float = 120.0) -> None:
+        """The leader died: wait for it to come back (the launcher restarts it on its port),
+        then rejoin as the same incarnation from this learner's own checkpoints, as
+        ``--resume`` does (the leader drops pushes it had not applied; the learner goes
+        back to that round's start). Without checkpoints it exits with code 75, and the
+        launcher restarts it as a new incarnation."""
+        print(f"learner {self.j}: control plane lost ({why}); rejoining", flush=True)
+        if not self.spec.checkpoints:
+            raise SystemExit(75)
+        deadline = time.monotonic() + patience
+        while True:
+            if self.terminating:
+                raise Stopped("SIGTERM")
+            with self.actions.mutex:  # what the dead leader said no longer holds...
+                said = list(self.actions.queue)
+                self.actions.queue.clear()
+            for a in said:  # ...unless it stopped the job before it went
+                if isinstance(a, m.Stop):
+                    raise Stopped(a.reason)
+            self.start_watch()
+            self.resume, self.base = True, None
+            try:
+                self.join()
+                self.fresh.set()  # no push of the old leader's is in flight any more
+                self.latest = None
+                record = {"rejoined": True, "why": str(why)[:200]}
+                print(f"learner {self.j}: rejoined {record}", flush=True)
+                return
+            except (LeaderLost, grpc.RpcError) as e:
+                if time.monotonic() > deadline:
+                    raise Stopped(f"the leader did not come back in {patience:.0f} s") from e
+                time.sleep(0.5)
+
+    def train(self) -> None:
+        """Rounds until the job stops: train, push, and (waiting) pull the new version."""
+        overlap = self.spec.sim.overlap
+        speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
+        while True:
+            latest = self.latest
+            if overlap and latest is not None and latest[0] > self.learner.version:
+                self.take(*latest)  # the newest version, at a round start
+                self.pulled = True
+            self.check_stopped()
+            if self.saved_round != self.rounds:
+                self.save("start")
+                self.saved_round = self.rounds
+            data = self.stream.take_round(self.spec.sim.inner_steps)
+            if not data.batches:
+                time.sleep(0.5)  # no chunk to lease now
+                continue
+            t0 = time.perf_counter()
+            contrib = self.learner.run_round(
+                data.batches, num_steps=len(data.batches), reference="start"
+            )
+            delta = pseudo_gradient(self.reference, contrib, self.learner, self.base)
+            delta = jax.block_until_ready(delta)
+            took = time.perf_counter() - t0
+            time.sleep((speed - 1.0) * took)
+            self._count(contrib.tokens, t0, took)
+            meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
+            self.pulled = False
+            done = self.learner.tokens_done
+            self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
+            self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
+            while overlap and not self.fresh.wait(0.5):  # one push in flight at a time
+                self.check_stopped()
+            self.control.call(m.PushRequested(0.0, self.j, meta))
+            self.reported += meta.tokens
+            self._write_reported()
+            a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
+            if not isinstance(a, m.PushShards):
+                raise Stopped(f"{type(a).__name__}: {a.reason}")
+            try:
+                self.push(a, delta)
+            except TRANSFER_ERRORS as e:
+                # A follower died and did not come back in time: the leader discards the
+                # round (that follower is lost) and asks its learners to pull.
+                print(f"learner {self.j}: push of round {a.round_id} failed ({e})", flush=True)
+            else:
+                if overlap:
+                    self.fresh.clear()
+                self.control.call(m.TransferDone(0.0, self.j, a.round_id))
+                if not overlap:  # while the round runs: off its critical path
+                    self.save("pushed", a.round_id)
+            if not overlap:
+                self.adopt(self.wait_for(m.NotifyPull).version, first=False)
+                self.pulled = True
+            self.rounds += 1
 
 
 def main(argv: list[str] | None = None) -> int:

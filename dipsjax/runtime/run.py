@@ -43,7 +43,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 2.0) -> RunSpec:
+def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 1.0) -> RunSpec:
     """The run's spec: ports, credential, the followers' layers and the corpus's chunks."""
     import numpy as np
 
@@ -88,7 +88,7 @@ class Processes:
     def start(self, name: str, module: str, *args: str, core: int | None = None) -> None:
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "-m", module, str(Path(self.spec.run_dir) / "spec.json"), *args]
-        log = (self.logs / f"{name}.log").open(self.mode)
+        log = (self.logs / f"{name}.log").open("a" if name in self.procs else self.mode)
         cores = os.sched_getaffinity(0)
         pin = None if core is None else {sorted(cores)[core % len(cores)]}
         self.procs[name] = subprocess.Popen(
@@ -104,6 +104,10 @@ class Processes:
     def failed(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
 
+    def write_pids(self) -> None:
+        pids = {name: p.pid for name, p in self.procs.items()}
+        (Path(self.spec.run_dir) / "pids.json").write_text(json.dumps(pids))
+
     def stop(self, timeout: float = 10.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -115,6 +119,77 @@ class Processes:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+class Healer:
+    """The launcher's restart policy (self-healing, as Kubernetes restarts the paper's
+    leader): a role that dies is started again after a backoff (``spec.restart_backoff``,
+    doubled per restart of that role, at most 8 s), at most ``spec.max_restarts`` times:
+
+    * a learner as a new incarnation (``--incarnation n``): the leader evicts the old one,
+      its leases go back to the ledger, and it pulls one complete version before it pushes;
+    * a follower from its newest checkpoint (``--resume latest``) on its own port;
+    * the leader from its snapshot (``--resume``) on its own port; the others reconnect.
+
+    Each death and restart is a line of ``RUN_DIR/restarts.jsonl`` (role, exit code, when it
+    was seen dead and when it was started again, seconds since the launch), and the
+    learners' incarnations are kept in ``RUN_DIR/incarnations.json`` for ``--resume``.
+    """
+
+    def __init__(self, spec: RunSpec, procs: Processes, t0: float) -> None:
+        self.spec, self.procs, self.t0 = spec, procs, t0
+        self.run_dir = Path(spec.run_dir)
+        self.count: dict[str, int] = {}
+        self.due: dict[str, tuple[float, int, float]] = {}  # name -> (restart at, rc, seen)
+        path = self.run_dir / "incarnations.json"
+        self.incarnations: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
+
+    def args(self, name: str) -> list[str]:
+        """Extra arguments of a role's next start."""
+        if name == "leader":
+            return ["--resume"]
+        if name.startswith("follower"):
+            return ["--resume", "latest"]
+        return ["--incarnation", str(self.incarnations.get(name, 0))]
+
+    def check(self) -> None:
+        """Notices deaths, starts due restarts; raises once a role is out of restarts."""
+        now = time.monotonic()
+        for name, p in self.procs.procs.items():
+            rc = p.poll()
+            if rc in (None, 0) or name in self.due:
+                continue
+            n = self.count.get(name, 0)
+            if n >= self.spec.max_restarts:
+                raise RuntimeError(
+                    f"{name} exited with code {rc} after {n} restarts (max_restarts="
+                    f"{self.spec.max_restarts}); see {self.procs.logs / (name + '.log')}"
+                )
+            delay = min(self.spec.restart_backoff * 2**n, 8.0)
+            print(f"{name} exited with code {rc}: restarting it in {delay:.1f} s", flush=True)
+            self.due[name] = (now + delay, rc, now)
+        for name, (at, rc, seen) in list(self.due.items()):
+            if now < at:
+                continue
+            del self.due[name]
+            self.count[name] = self.count.get(name, 0) + 1
+            if name.startswith("learner"):
+                self.incarnations[name] = self.incarnations.get(name, 0) + 1
+                (self.run_dir / "incarnations.json").write_text(json.dumps(self.incarnations))
+            self.start(name, *self.args(name))
+            record = {"role": name, "rc": rc, "seen": seen - self.t0, "restarted": now - self.t0}
+            with (self.run_dir / "restarts.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+    def start(self, name: str, *args: str) -> None:
+        if name == "leader":
+            self.procs.start(name, "dipsjax.runtime.leader", *args)
+        elif name.startswith("follower"):
+            self.procs.start(name, "dipsjax.runtime.follower", name[len("follower") :], *args)
+        else:
+            j = int(name[len("learner") :])
+            self.procs.start(name, "dipsjax.runtime.learner", str(j), *args, core=j)
+        self.procs.write_pids()
 
 
 def shard_files(run_dir: Path, name: str) -> list[Path]:
@@ -318,10 +393,11 @@ def launch(
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     t0 = time.monotonic()
+    healer = Healer(spec, procs, t0)
     try:
-        procs.start("leader", "dipsjax.runtime.leader", *again)
+        healer.start("leader", *again)
         for k in range(len(spec.followers)):
-            procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k), *follower_again)
+            healer.start(f"follower{k}", *follower_again)
         # A learner with a join time in the config (``joins``: (learner, seconds)) starts
         # that many seconds after the launch: it joins mid-run.
         later = {} if resume else {int(j): float(t) for j, t in spec.sim.joins}
@@ -330,18 +406,15 @@ def launch(
             for j in range(spec.sim.learners):
                 due = time.monotonic() - t0 >= later.get(j, 0.0)
                 if f"learner{j}" not in procs.procs and due:
-                    procs.start(f"learner{j}", "dipsjax.runtime.learner", str(j), *again, core=j)
-            pids = {name: p.pid for name, p in procs.procs.items()}
-            (run_dir / "pids.json").write_text(json.dumps(pids))
+                    healer.start(f"learner{j}", *healer.args(f"learner{j}"), *again)
 
         start_learners()
         last = 0.0
-        while procs.procs["leader"].poll() is None:
-            time.sleep(0.5)
+        while procs.procs["leader"].poll() != 0:  # the leader ends (0) once the job stopped
+            time.sleep(0.1)
             if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners:
                 start_learners()
-            if procs.failed():
-                raise RuntimeError(f"{procs.failed()} exited with an error; see {procs.logs}")
+            healer.check()
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")
             if progress and time.monotonic() - last > 5 and status_path.exists():
@@ -422,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 2.0))
+    spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0))
     print(
         f"run {run_dir}: {sim.method}, {sim.learners} learners, {len(spec.followers)} "
         f"followers, budget {sim.token_budget} tokens",

@@ -31,7 +31,17 @@ class RunSpec:
       run_dir: where every role writes its logs, tape and checkpoints.
       layer_owner: follower of each tensor (flattened parameter order).
       num_chunks: chunks of the training corpus (the leader's chunk ledger).
-      heartbeat_interval: seconds between heartbeats (eviction after 3 missed).
+      heartbeat_interval: seconds between heartbeats of learners and followers; the leader
+        counts one silent for ``3 * heartbeat_interval`` as lost (the runtime's leader uses
+        this, not ``sim.heartbeat_interval``, which is the simulator's).
+      max_restarts: the launcher restarts a process that dies (a learner as a new
+        incarnation, a follower from its newest checkpoint, the leader from its snapshot)
+        up to this many times per role name; 0 turns self-healing off (a death ends the run).
+      restart_backoff: seconds before a role's first restart, doubled for each later one
+        (at most 8 s), as Kubernetes backs off restarting a crashed container.
+      push_pause: fault injection, for tests: seconds a learner pauses in each push once its
+        first follower holds its shards and before the others get theirs (so a kill lands
+        mid-push); 0 in real runs.
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
       compute_in_turns: followers on one host take turns at their outer-step computations
@@ -50,10 +60,45 @@ class RunSpec:
     run_dir: str
     layer_owner: tuple[int, ...]
     num_chunks: int
-    heartbeat_interval: float = 2.0
+    heartbeat_interval: float = 1.0
+    max_restarts: int = 3
+    restart_backoff: float = 0.5
     apply_delay: float = 0.0
+    push_pause: float = 0.0
     compute_in_turns: bool = False
     checkpoints: bool = True
+
+    def __post_init__(self) -> None:
+        def hostport(a: str) -> bool:
+            host, _, port = a.rpartition(":")
+            return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+        n = len(self.followers)
+        checks = [
+            (hostport(self.leader) or not self.leader, "leader", "'host:port'"),
+            (n >= 1 or not self.leader, "followers", "at least one 'host:port'"),
+            (all(hostport(a) for a in self.followers), "followers", "'host:port' each"),
+            (
+                all(isinstance(k, int) and 0 <= k < max(n, 1) for k in self.layer_owner),
+                "layer_owner",
+                f"a follower index in [0, {n}) per tensor",
+            ),
+            (self.num_chunks >= 0, "num_chunks", ">= 0"),
+            (self.heartbeat_interval > 0, "heartbeat_interval", "> 0 seconds"),
+            (self.max_restarts >= 0, "max_restarts", ">= 0"),
+            (self.restart_backoff >= 0, "restart_backoff", ">= 0 seconds"),
+            (self.apply_delay >= 0, "apply_delay", ">= 0 seconds"),
+            (self.push_pause >= 0, "push_pause", ">= 0 seconds"),
+        ]
+        for ok, name, allowed in checks:
+            if not ok:
+                raise ValueError(f"RunSpec.{name} must be {allowed}, got {getattr(self, name)!r}")
+
+    def method_settings(self) -> Any:
+        """The method's settings for this run: the experiment's, with the runtime's
+        heartbeat interval (the leader counts a peer lost after 3 silent intervals)."""
+        settings = self.sim.method_settings(self.layer_owner, len(self.followers))
+        return dataclasses.replace(settings, heartbeat_interval=self.heartbeat_interval)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

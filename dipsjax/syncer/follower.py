@@ -233,6 +233,18 @@ class Follower:
             del self._staged[key]
         return self.state.version
 
+    def holds(self, round_id: int, learners: tuple[int, ...] | None = None) -> bool:
+        """Whether this follower can serve ``round_id``: its batch is stacked, or (given the
+        round's ``learners``) every one of their shards is staged."""
+        if round_id in self._batch:
+            return True
+        return learners is not None and all((round_id, j) in self._staged for j in learners)
+
+    def discard_all(self) -> None:
+        """Forgets every staged shard and batch (the leader restarted: rounds begin anew)."""
+        self._batch.clear()
+        self._staged.clear()
+
     def discard(self, round_id: int) -> None:
         """Forgets everything staged for ``round_id`` (round abandoned)."""
         self._batch.pop(round_id, None)

@@ -60,6 +60,7 @@ from dipsjax.syncer.messages import (
     Event,
     Evict,
     FollowerApplied,
+    FollowerHeartbeat,
     FollowerJoined,
     FollowerLost,
     FollowerMerged,
@@ -288,6 +289,11 @@ class Leader:
         self.ledger = TokenLedger()
         self.data = data
         self.followers_up: dict[int, bool] = dict.fromkeys(range(self.config.num_followers), True)
+        # When each follower was last heard from (any report or heartbeat), from its first
+        # heartbeat on (the simulator's followers send none): one silent for
+        # ``missed_heartbeats`` intervals is lost. Not snapshotted (a resumed leader waits
+        # for every follower to join again).
+        self.follower_seen: dict[int, float] = {}
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
@@ -430,7 +436,20 @@ class Leader:
         for j in sorted(self.members):
             if t - self.members[j].last_seen > limit:
                 actions += self._remove(j, t, "missed heartbeats")
+        for k in sorted(self.follower_seen):
+            if self.followers_up[k] and t - self.follower_seen[k] > limit:
+                actions += self._on_FollowerLost(FollowerLost(t, k, "missed heartbeats"))
         return actions
+
+    def _follower_seen(self, k: int, t: float, heartbeat: bool = False) -> None:
+        if not 0 <= k < self.config.num_followers:
+            raise ValueError(f"no follower {k}: the job has {self.config.num_followers}")
+        if heartbeat or k in self.follower_seen:
+            self.follower_seen[k] = max(self.follower_seen.get(k, t), t)
+
+    def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t, heartbeat=True)
+        return []
 
     def _remove(self, learner: int, t: float, reason: str) -> list[Action]:
         if learner not in self.members:
@@ -609,6 +628,8 @@ class Leader:
     # -- followers -----------------------------------------------------------------
 
     def _on_FollowerLost(self, ev: FollowerLost) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t)
+        self.follower_seen.pop(ev.follower, None)
         self.followers_up[ev.follower] = False
         self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
         rnd = self.round
@@ -624,6 +645,7 @@ class Leader:
         return []
 
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t)
         self.followers_up[ev.follower] = True
         self.tape.append(
             "follower", t=ev.t, event="joined", follower=ev.follower, version=ev.version
@@ -662,6 +684,7 @@ class Leader:
         return all(self.followers_up.values())
 
     def _on_FollowerNorms(self, ev: FollowerNorms) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t)
         rnd = self.round
         if rnd is None or rnd.phase is not Phase.NORMS or ev.round_id != rnd.round_id:
             return []  # duplicate or late report: idempotent
@@ -742,6 +765,7 @@ class Leader:
         ]
 
     def _on_FollowerMerged(self, ev: FollowerMerged) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t)
         rnd = self.round
         if rnd is None or rnd.phase is not Phase.MERGE or ev.round_id != rnd.round_id:
             return []
@@ -760,6 +784,7 @@ class Leader:
         return [Apply(rnd.round_id, self.version + 1, factor, m)]
 
     def _on_FollowerApplied(self, ev: FollowerApplied) -> list[Action]:
+        self._follower_seen(ev.follower, ev.t)
         rnd = self.round
         if rnd is None or rnd.phase is not Phase.APPLY or ev.round_id != rnd.round_id:
             return []

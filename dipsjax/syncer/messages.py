@@ -178,6 +178,15 @@ class FollowerJoined(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class FollowerHeartbeat(Event):
+    """A follower is alive (sent every heartbeat interval from its own thread, so a long
+    outer step never looks like a death); one silent for ``missed_heartbeats`` intervals
+    is lost (:class:`FollowerLost`)."""
+
+    follower: int
+
+
+@dataclasses.dataclass(frozen=True)
 class FollowerLost(Event):
     follower: int
     reason: str = "missed heartbeats"
@@ -319,6 +328,7 @@ MESSAGES: dict[str, type] = {
         FollowerApplied,
         FollowerJoined,
         FollowerLost,
+        FollowerHeartbeat,
         SendModel,
         PushShards,
         WakeAt,

@@ -401,6 +401,38 @@ def test_a_follower_lost_before_apply_discards_the_round_whole(phase):
     assert isinstance(plan, L.PushShards) and plan.round_id == 1
 
 
+def test_a_silent_follower_is_lost_through_heartbeats_and_its_round_discarded():
+    """Followers heartbeat; one silent for ``missed_heartbeats`` intervals is lost (the round
+    that needs it is discarded whole), while one that keeps beating, or one that never sent
+    a heartbeat (the simulator's), is not."""
+    cfg = LeaderConfig(penalty=False, num_followers=3, heartbeat_interval=1.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 1)
+    for k in (0, 1):  # follower 2 never beats: not watched
+        leader.handle(L.FollowerHeartbeat(0.0, k))
+    leader.handle(push(0.5, 0, 10, 1, 0))
+    leader.handle(L.TransferDone(0.6, 0, 0))
+    leader.handle(L.FollowerNorms(0.7, 0, 0, (1.0,)))  # a report counts as a sign of life
+    for t in (1.0, 2.0, 2.9):
+        assert leader.handle(L.FollowerHeartbeat(t, 0)) == []
+        assert leader.handle(L.Heartbeat(t, 0)) == []
+    assert leader.followers_up == {0: True, 1: True, 2: True}
+    # Follower 1's last word was at 0.0: at 3.0 it has been silent for exactly 3 intervals
+    # (not yet lost); just after, it is.
+    assert leader.handle(L.Tick(3.0)) == []
+    acts = leader.handle(L.Tick(3.01))
+    assert acts[0] == L.Discard(0, "follower 1 lost") and leader.version == 0
+    assert leader.followers_up == {0: True, 1: False, 2: True}
+    assert totals(leader)["dropped"] == 10 and totals(leader)["applied"] == 0
+    (lost,) = [r for r in leader.tape.records if r.get("event") == "lost"]
+    assert lost["follower"] == 1 and lost["reason"] == "missed heartbeats"
+    leader.handle(L.FollowerHeartbeat(10.0, 0))
+    leader.handle(L.Tick(10.0))  # still silent: lost once, not again at every check
+    assert len([r for r in leader.tape.records if r.get("event") == "lost"]) == 1
+    with pytest.raises(ValueError, match="no follower 3"):
+        leader.handle(L.FollowerHeartbeat(10.0, 3))
+
+
 def test_a_follower_back_at_the_old_version_mid_apply_stops_loudly():
     leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace())
     join_all(leader, 1)

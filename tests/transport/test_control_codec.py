@@ -55,6 +55,7 @@ EXAMPLES = [
     m.FollowerApplied(9.0, follower=3, round_id=9, version=10),
     m.FollowerJoined(9.5, follower=4, version=10),
     m.FollowerLost(10.0, follower=5, reason="timeout"),
+    m.FollowerHeartbeat(10.5, follower=3),
     m.SendModel(learner=11, version=12, leases=(4, 0, 9), last_round=3, last_outcome="dropped"),
     m.PushShards(
         round_id=13,
@@ -103,7 +104,7 @@ def same(a, b) -> bool:
 
 def test_every_message_class_is_mapped():
     assert set(c.MESSAGE_TYPES) == set(m.MESSAGES.values())
-    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 26
+    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 27
     cases = {fd.name for fd in pb.Envelope.DESCRIPTOR.oneofs_by_name["message"].fields}
     assert cases == {c.case_name(cls) for cls in m.MESSAGES.values()}
     assert c.case_name(m.PushRequested) == "push_requested"

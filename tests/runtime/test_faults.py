@@ -1,0 +1,157 @@
+"""Faults with real processes: kill -9 a learner, a follower or the leader of a running
+``dipsjax run`` launcher; its restart policy brings the role back and the run still
+reaches its budget, with its books balanced, its chunks trained once, no round applied
+twice, and a tape that replays to the final parameters."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dipsjax.data import ledger as chunks
+from dipsjax.runtime.run import final_params, make_spec
+from dipsjax.sim.config import SimConfig
+from dipsjax.sim.replay import replay, tree_equal
+from dipsjax.syncer.tape import EventTape
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+LAUNCH = (
+    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
+)
+
+
+def _sim(**kw):
+    base = dict(
+        method="dips",
+        learners=3,
+        followers=2,
+        inner_steps=12,
+        token_budget=3 * 12 * 512 * 12,
+        speeds=(1, 1.3, 1.6),
+    )
+    return SimConfig(**{**base, **kw})
+
+
+def _start(spec, tmp_path):
+    path = tmp_path / "spec-for-launcher.json"
+    spec.write(path)
+    return subprocess.Popen([sys.executable, "-c", LAUNCH, str(path)])
+
+
+def _wait(cond, what, launcher, timeout=240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = cond()
+        except (OSError, ValueError, KeyError):
+            got = None
+        if got:
+            return got
+        if launcher.poll() is not None:
+            pytest.fail(f"the launcher ended (rc {launcher.returncode}) before {what}")
+        time.sleep(0.05)
+    launcher.kill()
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _status(run):
+    return json.loads((run / "leader" / "status.json").read_text())
+
+
+def _kill(run, name):
+    pid = json.loads((run / "pids.json").read_text())[name]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def _finish(launcher, run):
+    assert launcher.wait(400) == 0, (run / "logs").iterdir()
+    return json.loads((run / "summary.json").read_text())
+
+
+def _check_run(run, sim, summary):
+    """The invariants every faulted run must keep, each side counted on its own."""
+    tape = EventTape.read(run / "tape.jsonl")
+    rounds = tape.round_records()
+    applied = [r for r in rounds if r.applied]
+    # No round applied twice: versions 1..N, once each, in order.
+    assert [r.version for r in applied] == list(range(1, len(applied) + 1))
+    # Every chunk used by an applied round was finished once...
+    used = [c for r in applied for p in r.participants for c in p.meta.finished_chunks]
+    assert used and len(used) == len(set(used))
+    # ...and the leader's chunk ledger has exactly those done (a dropped push's chunks went
+    # back to be trained again, never counted as done).
+    snap = json.loads((run / "leader" / "snapshot.json").read_text())
+    ledger = chunks.ChunkLedger.from_dict(snap["data"])
+    done = set().union(*(chunks.completed_chunks(ledger, e) for e in range(ledger.epoch + 1)))
+    assert done == set(used)
+    # Tokens: what learners reported (their own files, across incarnations) equals what the
+    # leader booked, which equals applied + rejected + dropped; the budget was reached.
+    tokens = summary["leader_tokens"]
+    reported = sum(
+        json.loads((run / f"learner{j}" / "reported.json").read_text())["tokens"]
+        for j in range(sim.learners)
+    )
+    assert (
+        reported == tokens["reported"] == tokens["applied"] + tokens["rejected"] + tokens["dropped"]
+    )
+    assert tokens["reported"] >= sim.token_budget
+    # Every follower applied the same rounds, and the tape replays to the final model.
+    logs = [
+        [json.loads(x) for x in (run / f"follower{k}" / "decisions.jsonl").read_text().splitlines()]
+        for k in range(sim.followers)
+    ]
+    assert all([d["version"] for d in log] == [r.version for r in applied] for log in logs)
+    version, params = final_params(run)
+    assert version == len(applied)
+    assert tree_equal(replay(sim, tape), params)
+    return tape
+
+
+def _restarts(run):
+    return [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
+
+
+def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
+    sim = _sim()
+    run = tmp_path / "run"
+    spec = dataclasses.replace(make_spec(sim, run), push_pause=0.8)
+    launcher = _start(spec, tmp_path)
+    log = run / "logs" / "learner1.log"
+
+    _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)
+    seen = log.read_text().count("mid-push pause")
+    _wait(lambda: log.read_text().count("mid-push pause") > seen, "a new pause", launcher)
+    _kill(run, "learner1")  # within the pause: follower 0 has the shards, follower 1 not
+    round_id = int(log.read_text().split("mid-push pause, round ")[-1].split()[0])
+    killed_at = _status(run)["t"]
+    summary = _finish(launcher, run)
+    tape = _check_run(run, sim, summary)
+    (restart,) = _restarts(run)
+    assert restart["role"] == "learner1" and restart["rc"] == -signal.SIGKILL
+    # No part of the killed push entered any round: follower 0 held its shards, follower 1
+    # never got them, and the leader dropped it.
+    rounds = {r.round_id: r for r in tape.round_records()}
+    assert all(p.learner != 1 for p in rounds[round_id].participants), rounds[round_id]
+    members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 1]
+    gone = [r for r in members if r["event"] in ("restart", "evict")]
+    assert gone and gone[0]["t"] >= killed_at
+    # Incarnation 1 joined, pulled one complete version, then pushed from that version.
+    (join,) = [r for r in members if r["event"] == "join" and r.get("incarnation") == 1]
+    (active,) = [r for r in members if r["event"] == "active" and r["t"] >= join["t"]]
+    pushes = sorted(
+        (p for r in tape.round_records() for p in r.participants if p.learner == 1),
+        key=lambda p: p.pushed_at,
+    )
+    later = [p for p in pushes if p.meta.incarnation == 1]
+    assert later, "the restarted learner never contributed"
+    assert later[0].pushed_at > active["t"]
+    assert later[0].meta.base_version == active["pulled_version"] and later[0].meta.pulled
+    assert all(p.pushed_at < killed_at for p in pushes if p.meta.incarnation == 0)

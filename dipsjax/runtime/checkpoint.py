@@ -53,6 +53,10 @@ class Checkpoints:
                 f"{sorted(self.manager.all_steps())} (drop newer steps after a resume)"
             )
 
+    def wait(self) -> None:
+        """Returns once every save started so far is on disk."""
+        self.manager.wait_until_finished()
+
     def steps(self) -> list[int]:
         """Complete steps on disk, oldest first (waits for writes in flight)."""
         self.manager.wait_until_finished()

@@ -8,7 +8,9 @@ stream and are answered with ``FollowerNorms`` / ``FollowerMerged`` / ``Follower
 Pulls are served from version snapshots while the next round's pushes arrive.
 
 Checkpoints: after every outer step the :class:`~dipsjax.syncer.follower.FollowerState`
-(version, shard, outer state) is saved asynchronously with orbax to
+(version, shard, outer state) is saved with orbax (written by orbax's background thread;
+the follower reports the step applied once it is on disk, so a follower killed at any
+moment comes back at the leader's version) to
 ``RUN_DIR/follower{k}/ckpt/{version}`` (the 3 newest kept). ``--resume V`` restarts from
 the checkpoint of version ``V`` (the leader's version, which the launcher reads from the
 leader's snapshot: a follower stopped mid-update may have saved one version more). SIGTERM
@@ -163,6 +165,12 @@ class FollowerNode:
                     d = f.decisions[action.round_id]
                     v = f.apply(d, action)
                     apply_s = time.perf_counter() - t0
+                if self.spec.checkpoints:
+                    # On disk before the leader hears of it: a follower killed at any moment
+                    # restarts at the leader's version (or, mid-update, at the one before).
+                    st = f.state
+                    self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
+                    self.ckpt.wait()
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
                 after = functools.partial(self._after_apply, d, action, v, apply_s)
             elif isinstance(action, m.Discard):
@@ -180,18 +188,14 @@ class FollowerNode:
 
     def _after_apply(self, d: m.Decide, a: m.Apply, v: int, apply_s: float) -> None:
         """Bookkeeping of an outer step, done once the leader has the reply so that it is
-        off the round's critical path: the decision log, timings, the orbax checkpoint of
-        version ``v`` (started before the next action, so it holds exactly ``v``) and, every
-        ``eval_every`` versions, the shard for evaluation."""
+        off the round's critical path: the decision log, timings and, every ``eval_every``
+        versions, the shard for evaluation."""
         self._log_decision(d, a)
         self.tb.add_scalar("follower/apply_s", apply_s, v)
         self._write_timing(v, apply_s)
-        if self.spec.checkpoints:
+        if self.spec.checkpoints and v % self.spec.sim.eval_every == 0:
             with self.lock:
-                st = self.follower.state
-                self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
-                if v % self.spec.sim.eval_every == 0:
-                    self.save(f"v{v}")
+                self.save(f"v{v}")
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:

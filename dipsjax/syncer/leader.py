@@ -542,19 +542,26 @@ class Leader:
 
     # -- pushes --------------------------------------------------------------------
 
-    def _refuse(self, ev: PushRequested, reason: str) -> list[Action]:
+    def _refuse(self, ev: PushRequested, reason: str, release: bool = True) -> list[Action]:
         # Refused tokens are counted (reported and dropped), never lost from the books.
         tokens = max(int(ev.meta.tokens), 0)
         self.ledger.report(ev.learner, tokens)
         self.ledger.settle(ev.learner, tokens, "dropped")
-        self._release_chunks(ev.learner, ev.meta.finished_chunks)
+        if release:
+            self._release_chunks(ev.learner, ev.meta.finished_chunks)
         return [Refuse(ev.learner, reason)]
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
         member = self.members.get(ev.learner)
         meta = ev.meta
-        if member is None or not member.active:
+        if member is None:
             return self._refuse(ev, "not a member: join and pull a model first")
+        if not member.active:
+            # A member that must pull first (e.g. a push sent before a leader restart and
+            # delivered to the resumed leader): it keeps its chunks, as it rejoins from its
+            # checkpoint and trains them again.
+            same = meta.incarnation == member.incarnation
+            return self._refuse(ev, "pull a model first", release=not same)
         if meta.incarnation != member.incarnation:
             return self._refuse(
                 ev, f"incarnation {meta.incarnation} is not the member's {member.incarnation}"

@@ -674,6 +674,27 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     assert kinds(copy.handle(L.FollowerJoined(14.0, 1, 1)))[0] == "PushShards"
 
 
+def test_a_push_that_reaches_a_resumed_leader_before_its_learner_rejoins_keeps_its_chunks():
+    """A learner's push can be in flight while the leader dies and reach the restarted one
+    before the learner rejoins. It is refused (the learner must pull first), but its
+    chunks stay leased to it: the learner goes back to its checkpoint and trains them
+    again. Before the fix the refusal released them, and another push trained them too."""
+    from dipsjax.data import leases_of, new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10, seed=0))
+    join_all(leader, 1)
+    (grant,) = leader.handle(L.ChunkRequested(0.1, 0))
+    back = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    back.resume(1.0)
+    (refuse,) = back.handle(push(1.1, 0, 10, 1, 0, finished_chunks=(grant.chunk,)))
+    assert isinstance(refuse, L.Refuse)
+    assert [lease.chunk for lease in leases_of(back.data, "0")] == [grant.chunk]
+    (send,) = back.handle(L.Join(1.2, 0, resume=True))
+    assert send.leases == (grant.chunk,)
+    t = totals(back)
+    assert t["reported"] == 10 == t["dropped"]  # refused tokens are booked, as before
+
+
 def test_resume_ends_a_round_every_follower_applied():
     leader, _, _ = _resumable()
     leader.handle(push(4.0, 2, 100, 4, 1))

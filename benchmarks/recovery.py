@@ -1,0 +1,166 @@
+"""Recovery: detection and recovery seconds when one process of a running job is killed.
+
+For each role (a learner, a follower, the leader) a fresh ``dipsjax run`` launcher trains
+the tiny model with Di-PS (3 learners, 2 followers, H = 12); once every learner has pushed
+and the leader is at version 2 with no update running, this script sends SIGKILL to that
+role's process (``RUN_DIR/pids.json``) and watches what the system records, polling every
+20 ms on its own clock:
+
+* **detected**: the first record that the system knows: for a learner, the leader's
+  ``evict`` or ``restart`` of it on the tape; for a follower, the leader's ``lost``; for
+  the leader, the launcher's line in ``restarts.jsonl`` (nobody else can tell).
+* **recovered**: the role serves again: a learner's new incarnation is ``active`` (it
+  pulled a whole version), a follower ``joined`` again at its version, the leader wrote
+  its ``resume`` record and every learner rejoined it.
+* **training resumed**: the first round applied after the kill.
+
+The baseline, measured in the same runs, is the mean time between applied rounds before
+the kill. The paper reports follower detection in 1.35-1.52 minutes and leader recovery in
+31-40 minutes through Kubernetes; our goal on this machine is detection under 5 s and
+recovery under 30 s for every role.
+
+Run: ``.venv/bin/python benchmarks/recovery.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAUNCH = (
+    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
+)
+
+
+def _records(run: Path) -> list[dict]:
+    try:
+        lines = (run / "tape.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            break
+    return out
+
+
+def _calm(run: Path, learners: int) -> bool:
+    try:
+        st = json.loads((run / "leader" / "status.json").read_text())
+    except (OSError, ValueError):
+        return False
+    pushed = [v["tokens"] > 0 for v in st.get("learners", {}).values()]
+    return (
+        st["version"] >= 2
+        and len(pushed) == learners
+        and all(pushed)
+        and st["phase"] in ("idle", "collecting", "transfers", "pull")
+    )
+
+
+def _applied_after(recs: list[dict], n_before: int) -> bool:
+    return len([r for r in recs if r["kind"] == "round" and r["applied"]]) > n_before
+
+
+def measure(role: str, base: Path) -> dict[str, float]:
+    from dipsjax.runtime.run import make_spec
+    from dipsjax.sim.config import SimConfig
+
+    sim = SimConfig(
+        method="dips",
+        learners=3,
+        followers=2,
+        inner_steps=12,
+        token_budget=3 * 12 * 512 * 12,
+        speeds=(1, 1.3, 1.6),
+    )
+    run = base / role / "run"
+    spec = make_spec(sim, run)
+    spec_path = base / role / "spec.json"
+    spec.write(spec_path)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(spec_path)])
+    try:
+        deadline = time.monotonic() + 300
+        while not _calm(run, sim.learners):
+            if time.monotonic() > deadline or launcher.poll() is not None:
+                raise RuntimeError(f"{role}: the run never reached version 2")
+            time.sleep(0.02)
+        recs = _records(run)
+        rounds = [r for r in recs if r["kind"] == "round" and r["applied"]]
+        ends = [r["timings"]["ended"] for r in rounds]
+        interval = (ends[-1] - ends[0]) / max(len(ends) - 1, 1)
+        name = {"learner": "learner1", "follower": "follower1", "leader": "leader"}[role]
+        pid = json.loads((run / "pids.json").read_text())[name]
+        n_before = len(rounds)
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        got: dict[str, float] = {}
+        while "resumed" not in got or "recovered" not in got or "detected" not in got:
+            if time.monotonic() - t_kill > 120 or launcher.poll() is not None:
+                raise RuntimeError(f"{role}: no recovery within 120 s ({got})")
+            now = time.monotonic() - t_kill
+            recs = _records(run)
+            mem = [r for r in recs if r["kind"] == "membership" and r.get("learner") == 1]
+            fol = [r for r in recs if r["kind"] == "follower" and r.get("follower") == 1]
+            if role == "learner":
+                gone = [r for r in mem if r["event"] in ("evict", "restart")]
+                back = gone and [
+                    r for r in mem if r["event"] == "active" and r["t"] > gone[0]["t"]
+                ]
+            elif role == "follower":
+                gone = [r for r in fol if r["event"] == "lost"]
+                back = gone and [
+                    r for r in fol if r["event"] == "joined" and r["t"] > gone[0]["t"]
+                ]
+            else:
+                gone = (run / "restarts.jsonl").exists()
+                resumed = [r for r in recs if r["kind"] == "resume"]
+                back = resumed and len(
+                    {r["learner"] for r in recs if r["kind"] == "membership"
+                     and r["event"] == "resume"}  # fmt: skip
+                ) == sim.learners
+            if gone and "detected" not in got:
+                got["detected"] = now
+            if back and "recovered" not in got:
+                got["recovered"] = now
+            if _applied_after(recs, n_before) and "resumed" not in got:
+                got["resumed"] = now
+            time.sleep(0.02)
+        got["round_interval"] = interval
+        if launcher.wait(400) != 0:
+            raise RuntimeError(f"{role}: the launcher failed after the recovery")
+        return got
+    finally:
+        if launcher.poll() is None:
+            launcher.send_signal(signal.SIGINT)
+            launcher.wait(60)
+
+
+def main() -> None:
+    base = Path(tempfile.mkdtemp(prefix="dipsjax-recovery-"))
+    results = {}
+    for role in ("learner", "follower", "leader"):
+        got = measure(role, base)
+        results[role] = got
+        print(
+            f"{role}: detected {got['detected']:.2f} s, recovered {got['recovered']:.2f} s, "
+            f"training resumed {got['resumed']:.2f} s after the kill (rounds every "
+            f"{got['round_interval']:.2f} s before it)",
+            flush=True,
+        )
+    for role, got in results.items():
+        print(f"recovery_{role}_detect_s: {got['detected']:.2f} (goal: < 5)")
+        print(f"recovery_{role}_recover_s: {got['recovered']:.2f} (goal: < 30)")
+
+
+if __name__ == "__main__":
+    main()

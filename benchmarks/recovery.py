@@ -80,12 +80,13 @@ def measure(role: str, base: Path) -> dict[str, float]:
         learners=3,
         followers=2,
         inner_steps=12,
-        token_budget=3 * 12 * 512 * 12,
+        token_budget=3 * 12 * 512 * 40,  # long enough to watch the recovery whole
         speeds=(1, 1.3, 1.6),
     )
     run = base / role / "run"
     spec = make_spec(sim, run)
     spec_path = base / role / "spec.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec.write(spec_path)
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCH, str(spec_path)])
     try:
@@ -113,21 +114,19 @@ def measure(role: str, base: Path) -> dict[str, float]:
             fol = [r for r in recs if r["kind"] == "follower" and r.get("follower") == 1]
             if role == "learner":
                 gone = [r for r in mem if r["event"] in ("evict", "restart")]
-                back = gone and [
-                    r for r in mem if r["event"] == "active" and r["t"] > gone[0]["t"]
-                ]
+                back = gone and [r for r in mem if r["event"] == "active" and r["t"] > gone[0]["t"]]
             elif role == "follower":
                 gone = [r for r in fol if r["event"] == "lost"]
-                back = gone and [
-                    r for r in fol if r["event"] == "joined" and r["t"] > gone[0]["t"]
-                ]
+                back = gone and [r for r in fol if r["event"] == "joined" and r["t"] > gone[0]["t"]]
             else:
                 gone = (run / "restarts.jsonl").exists()
                 resumed = [r for r in recs if r["kind"] == "resume"]
-                back = resumed and len(
-                    {r["learner"] for r in recs if r["kind"] == "membership"
-                     and r["event"] == "resume"}  # fmt: skip
-                ) == sim.learners
+                rejoined = {
+                    r["learner"]
+                    for r in recs
+                    if r["kind"] == "membership" and r["event"] == "resume"
+                }
+                back = resumed and len(rejoined) == sim.learners
             if gone and "detected" not in got:
                 got["detected"] = now
             if back and "recovered" not in got:

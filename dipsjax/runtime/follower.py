@@ -254,7 +254,9 @@ class FollowerNode:
             try:
                 if self.restarted:
                     self.control.call(m.FollowerLost(0.0, self.k, "restarted"))
-                self.control.call(m.FollowerJoined(0.0, self.k, self.follower.version))
+                f = self.follower
+                oldest = min(f.cached_versions())
+                self.control.call(m.FollowerJoined(0.0, self.k, f.version, oldest))
                 return
             except grpc.RpcError:
                 if self.terminating:

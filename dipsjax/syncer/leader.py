@@ -294,6 +294,10 @@ class Leader:
         # ``missed_heartbeats`` intervals is lost. Not snapshotted (a resumed leader waits
         # for every follower to join again).
         self.follower_seen: dict[int, float] = {}
+        # The oldest version each follower can rebuild a stale row from (server reference),
+        # when it said so on joining: a follower restarted from a checkpoint holds fewer
+        # versions than the cache bound, and pushes older than what it holds are dropped.
+        self.follower_oldest: dict[int, int] = {}
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
@@ -654,6 +658,10 @@ class Leader:
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.followers_up[ev.follower] = True
+        if ev.oldest >= 0:
+            self.follower_oldest[ev.follower] = ev.oldest
+        else:
+            self.follower_oldest.pop(ev.follower, None)
         self.tape.append(
             "follower", t=ev.t, event="joined", follower=ev.follower, version=ev.version
         )
@@ -848,9 +856,13 @@ class Leader:
 
     def _request_norms(self, rnd: Round, t: float) -> list[Action]:
         limit = self.config.stale_limit()
+        floor = -1  # the oldest base every follower holds
+        if self.config.reference == "server":
+            floor = max(self.follower_oldest.values(), default=-1)
         kept = []
         for p in rnd.pushes:
-            if limit is not None and self.version - p.meta.base_version > limit:
+            too_old = limit is not None and self.version - p.meta.base_version > limit
+            if too_old or p.meta.base_version < floor:
                 self._settle(p, "dropped")
                 rnd.dropped.append(p)
             else:

@@ -171,10 +171,13 @@ class FollowerApplied(Event):
 
 @dataclasses.dataclass(frozen=True)
 class FollowerJoined(Event):
-    """A follower (re)connected, holding ``version`` of its shard."""
+    """A follower (re)connected, holding ``version`` of its shard and, as bases for stale
+    rows, every version from ``oldest`` on (-1: all the leader's staleness bound allows;
+    a follower restarted from its checkpoint holds fewer)."""
 
     follower: int
     version: int
+    oldest: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

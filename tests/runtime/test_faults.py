@@ -33,7 +33,7 @@ def _sim(**kw):
         learners=3,
         followers=2,
         inner_steps=12,
-        token_budget=3 * 12 * 512 * 12,
+        token_budget=3 * 12 * 512 * 16,
         speeds=(1, 1.3, 1.6),
     )
     return SimConfig(**{**base, **kw})

@@ -433,6 +433,30 @@ def test_a_silent_follower_is_lost_through_heartbeats_and_its_round_discarded():
         leader.handle(L.FollowerHeartbeat(10.0, 3))
 
 
+def test_pushes_older_than_a_restarted_followers_oldest_version_are_dropped():
+    """A follower restarted from its checkpoint holds only the versions it restored; under
+    the server reference a push whose base it lacks is dropped (counted), not sent to a
+    follower that cannot rebuild its row (it crashed on that before)."""
+    cfg = LeaderConfig(penalty=False, num_followers=2, reference="server", version_cache=8)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    finish_round(leader, 0.1)  # version 1
+    leader.handle(L.FollowerLost(0.2, 1, "restarted"))
+    leader.handle(L.FollowerJoined(0.3, 1, version=1, oldest=1))
+    leader.handle(push(0.4, 1, 20, 1, 0))  # made from version 0: follower 1 lacks it
+    acts = []
+    for p in list(leader.round.pushes):
+        acts += leader.handle(L.TransferDone(0.5, p.learner, leader.round.round_id))
+    assert [a for a in acts if isinstance(a, L.RequestNorms)] == []
+    assert totals(leader)["dropped"] == 20
+    # The same push with a fresh base goes through.
+    leader.handle(L.PullDone(0.6, 1, 1))
+    leader.handle(push(0.7, 1, 30, 1, 1))
+    decide, apply, *_ = finish_round(leader, 0.8)
+    assert decide.learners == (1,) and apply.version == 2
+
+
 def test_a_follower_back_at_the_old_version_mid_apply_stops_loudly():
     leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace())
     join_all(leader, 1)

@@ -25,6 +25,13 @@ checkpointed: it resumes from the current global version (with ``overlap`` or
 ``adopt='delta'`` its own unmerged progress since its last push is not kept). SIGTERM
 exits cleanly at the next safe point, after the checkpoint writes in flight.
 
+Faults: a learner started with a higher ``--incarnation`` (the launcher's restart after a
+crash) begins afresh: the leader ends the old incarnation and this one pulls a whole
+version first. When the control stream breaks (the leader died and is restarted on its
+port), the learner rejoins the new leader as the same incarnation from its own checkpoints,
+as ``--resume`` does, in its own process. Transfers to and from a follower that died are
+tried again until it is back on its port.
+
 Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N] [--resume]``.
 """
 

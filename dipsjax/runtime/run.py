@@ -7,6 +7,11 @@ leader's progress every few seconds, waits for the token budget, and ends with a
 the event tape (``RUN_DIR/tape.jsonl``). Ctrl-C (or SIGTERM) stops every process it
 started, cleanly, within seconds.
 
+Self-healing: a process that dies is started again (:class:`Healer`: a learner as a new
+incarnation, a follower from its newest checkpoint, the leader from its snapshot, on their
+own ports, after a backoff; ``RunSpec.max_restarts`` per role), so a run survives a
+``kill -9`` of any one of its processes; ``RUN_DIR/restarts.jsonl`` lists what happened.
+
 Every role checkpoints as it goes (followers: shard and outer state after each outer step;
 learners: inner state and data position each round; the leader: its metadata after each
 event). ``dipsjax run --resume RUN_DIR`` restarts a stopped run's processes from their

@@ -117,6 +117,8 @@ class LeaderConfig:
       max_staleness: drop contributions more than this many versions old (None: keep all).
       max_participants: at most this many learners per round (1 = apply each push alone).
       heartbeat_interval, missed_heartbeats: eviction after this many silent intervals.
+      rejoin_grace: seconds a :meth:`Leader.resume`-d leader gives its members to come back
+        (processes restarting from checkpoints compile first) before heartbeats count.
       token_budget: stop after the round in which the pushes taken (not refused) reach this
         many tokens (None: never).
       num_followers: followers holding the shards (every one reports in every round).
@@ -142,6 +144,7 @@ class LeaderConfig:
     max_participants: int | None = None
     heartbeat_interval: float = 10.0
     missed_heartbeats: int = 3
+    rejoin_grace: float = 60.0
     token_budget: int | None = None
     num_followers: int = 1
     layer_owner: tuple[int, ...] = ()
@@ -167,6 +170,7 @@ class LeaderConfig:
             ),
             (self.heartbeat_interval > 0, "heartbeat_interval", "> 0"),
             (self.missed_heartbeats >= 1, "missed_heartbeats", ">= 1"),
+            (self.rejoin_grace >= 0, "rejoin_grace", ">= 0 seconds"),
             (self.token_budget is None or self.token_budget > 0, "token_budget", "> 0 or None"),
             (self.num_followers >= 1, "num_followers", ">= 1"),
             (
@@ -990,7 +994,7 @@ class Leader:
         self.round = None
         for member in self.members.values():
             member.active = False
-            member.last_seen = t
+            member.last_seen = t + self.config.rejoin_grace  # time to restart and rejoin
         return actions
 
     # -- snapshot ------------------------------------------------------------------

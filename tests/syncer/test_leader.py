@@ -719,6 +719,22 @@ def test_a_push_that_reaches_a_resumed_leader_before_its_learner_rejoins_keeps_i
     assert t["reported"] == 10 == t["dropped"]  # refused tokens are booked, as before
 
 
+def test_a_resumed_leader_gives_its_members_time_to_restart_before_heartbeats_count():
+    """Processes restarting from checkpoints compile before they beat: a resumed leader
+    evicts nobody for ``rejoin_grace`` seconds (with 1 s heartbeats the whole-run resume
+    tests evicted every learner before it came back)."""
+    cfg = LeaderConfig(penalty=False, heartbeat_interval=1.0, rejoin_grace=20.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 2)
+    back = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    back.resume(100.0)
+    assert back.handle(L.Tick(115.0)) == [] and sorted(back.members) == [0, 1]
+    back.handle(L.Join(116.0, 0, resume=True))  # learner 0 is back; learner 1 never is
+    back.handle(L.Heartbeat(121.0, 0))
+    acts = back.handle(L.Tick(123.5))
+    assert acts == [L.Evict(1, "missed heartbeats")] and sorted(back.members) == [0]
+
+
 def test_resume_ends_a_round_every_follower_applied():
     leader, _, _ = _resumable()
     leader.handle(push(4.0, 2, 100, 4, 1))

@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import json
 import os
 import signal
@@ -231,7 +232,7 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
         self.node = node
 
     def _authorized(self, token: str) -> bool:
-        return token == self.node.spec.token
+        return hmac.compare_digest(token.encode(), self.node.spec.token.encode())
 
     async def Call(self, request, context):
         if not self._authorized(request.job_token):

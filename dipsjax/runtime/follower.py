@@ -121,7 +121,7 @@ class FollowerNode:
             )
         tree = outer.unflatten({self.paths[i]: x for i, x in tensors.items()})
         with self.lock:
-            self.follower.receive(round_id, learner, tree)
+            self.follower.receive(round_id, learner, tree, incarnation)
 
     def on_pull(self, version: int) -> tuple[int, dict[int, Any]]:
         with self.lock:

@@ -96,6 +96,7 @@ class Follower:
         self._remember()
         self._staged: dict[tuple[int, int], Any] = {}
         self._batch: dict[int, tuple[tuple[int, ...], Any]] = {}
+        self._incarnations: dict[tuple[int, int], int] = {}  # of each staged shard
         self.decisions: dict[int, Decide] = {}  # the decision merged in each round
 
     @property
@@ -117,8 +118,18 @@ class Follower:
 
     # -- data plane ----------------------------------------------------------------
 
-    def receive(self, round_id: int, learner: int, payload: Mapping[str, Any]) -> None:
-        """Stages a learner's shard of ``Delta_start = theta_start - theta_end``."""
+    def receive(
+        self, round_id: int, learner: int, payload: Mapping[str, Any], incarnation: int = 0
+    ) -> None:
+        """Stages a learner's shard of ``Delta_start = theta_start - theta_end``. A shard
+        from an older incarnation than the one staged for the same round and learner (a
+        dead process's late push) is refused; a newer one replaces it."""
+        staged = self._incarnations.get((round_id, learner))
+        if staged is not None and incarnation < staged:
+            raise ValueError(
+                f"follower {self.follower_id}: learner {learner}'s incarnation {incarnation} "
+                f"is older than the one staged for round {round_id} ({staged})"
+            )
         got = outer.flatten(payload)
         want = outer.flatten(self.state.params)
         if got.keys() != want.keys():
@@ -135,6 +146,7 @@ class Follower:
                     f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}"
                 )
         self._staged[(round_id, learner)] = {p: _staged_dtype(x) for p, x in got.items()}
+        self._incarnations[(round_id, learner)] = incarnation
 
     def pull(self, version: int | None = None) -> tuple[int, dict[str, Any]]:
         """A version (default: the newest) and its shard: a snapshot, safe to keep."""
@@ -229,8 +241,7 @@ class Follower:
         self.state = FollowerState(apply.version, params, opt_state)
         self.decisions[decision.round_id] = decision
         self._remember()
-        for key in [k for k in self._staged if k[0] == decision.round_id]:
-            del self._staged[key]
+        self._forget(decision.round_id)
         return self.state.version
 
     def holds(self, round_id: int, learners: tuple[int, ...] | None = None) -> bool:
@@ -244,12 +255,17 @@ class Follower:
         """Forgets every staged shard and batch (the leader restarted: rounds begin anew)."""
         self._batch.clear()
         self._staged.clear()
+        self._incarnations.clear()
 
     def discard(self, round_id: int) -> None:
         """Forgets everything staged for ``round_id`` (round abandoned)."""
         self._batch.pop(round_id, None)
-        for key in [k for k in self._staged if k[0] == round_id]:
-            del self._staged[key]
+        self._forget(round_id)
+
+    def _forget(self, round_id: int) -> None:
+        for table in (self._staged, self._incarnations):
+            for key in [k for k in table if k[0] == round_id]:
+                del table[key]
 
 
 def warm_up(shard: Any, tx: Any, capacity: int, reference: str, wire_dtype: Any) -> None:

@@ -257,3 +257,20 @@ def test_warm_up_compiles_every_program_a_round_runs(reference):
         merged = f.merged_partial(decide)
         assert f.apply(decide, L.Apply(r, r + 1, 1.0, merged)) == r + 1
     assert [p._cache_size() for p in programs] == before
+
+
+def test_a_dead_incarnations_late_shard_never_replaces_the_new_ones():
+    """Shards are staged per (round, learner) with their incarnation: a late push of a
+    dead incarnation is refused (before, it silently replaced the new one's shard), a
+    newer incarnation replaces an older one, and nothing is kept once the round ends."""
+    shard = {"w": np.zeros((2, 2), np.float32)}
+    f = Follower(0, shard, outer.dips(), capacity=2)
+    f.receive(4, 1, {"w": np.full((2, 2), 2.0)}, incarnation=1)
+    with pytest.raises(ValueError, match="incarnation 0 is older"):
+        f.receive(4, 1, {"w": np.full((2, 2), 9.0)}, incarnation=0)
+    np.testing.assert_array_equal(f._staged[(4, 1)][("w",)], np.full((2, 2), 2.0))
+    f.receive(4, 1, {"w": np.full((2, 2), 3.0)}, incarnation=2)
+    np.testing.assert_array_equal(f._staged[(4, 1)][("w",)], np.full((2, 2), 3.0))
+    f.discard(4)
+    assert f._staged == {} and f._incarnations == {}
+    f.receive(4, 1, {"w": np.ones((2, 2))}, incarnation=0)  # a later round id reuse is fine

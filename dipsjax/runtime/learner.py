@@ -73,6 +73,15 @@ class Stopped(Exception):
     """The leader stopped the job (or evicted this learner for good)."""
 
 
+class Evicted(Stopped):
+    """The leader no longer counts this incarnation (it was silent too long: a hang, a
+    cut link). The process exits with :data:`EVICTED` and the launcher starts a new
+    incarnation, which pulls a whole version and carries on."""
+
+
+EVICTED = 75  # exit code (EX_TEMPFAIL): start me again as a new incarnation
+
+
 class LeaderLost(Exception):
     """The control stream broke: the leader died (the launcher restarts it on its port)."""
 
@@ -142,6 +151,7 @@ class LearnerNode:
         self.base: Any = None
         self.stop = threading.Event()
         self.pulled = True  # the next push is the first since a pull
+        self.exit_code = 0
         self.generation = 0  # of the watch stream: a LeaderLost of an older one is stale
         self.rounds = 0
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
@@ -191,6 +201,8 @@ class LearnerNode:
             raise LeaderLost(f"{type(a).__name__}: {a}")
         if isinstance(a, m.Stop):
             raise Stopped(a.reason)
+        if isinstance(a, m.Evict) and a.incarnation == self.incarnation:
+            raise Evicted(a.reason)  # (an older incarnation's eviction is not about this one)
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(self.spec.heartbeat_interval):
@@ -447,6 +459,9 @@ class LearnerNode:
                     self.train()
                 except (LeaderLost, grpc.RpcError) as e:
                     self.rejoin(e)
+        except Evicted as e:
+            print(f"learner {self.j}: evicted ({e}) after {self.rounds} rounds", flush=True)
+            self.exit_code = EVICTED
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
@@ -540,8 +555,12 @@ class LearnerNode:
             self.reported += meta.tokens
             self._write_reported()
             a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
+            if isinstance(a, m.Refuse) and a.reason == "the job has stopped":
+                raise Stopped(a.reason)
+            if isinstance(a, m.Evict) and a.incarnation != self.incarnation:
+                a = self.wait_for(m.PushShards, m.Refuse)  # an older incarnation's eviction
             if not isinstance(a, m.PushShards):
-                raise Stopped(f"{type(a).__name__}: {a.reason}")
+                raise Evicted(f"{type(a).__name__}: {a.reason}")
             try:
                 self.push(a, delta)
             except TRANSFER_ERRORS as e:
@@ -578,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         node.solo(args.solo)
     else:
         node.run()
-    return 0
+    return node.exit_code
 
 
 if __name__ == "__main__":

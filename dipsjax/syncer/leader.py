@@ -462,10 +462,10 @@ class Leader:
     def _remove(self, learner: int, t: float, reason: str) -> list[Action]:
         if learner not in self.members:
             return []
-        del self.members[learner]
+        incarnation = self.members.pop(learner).incarnation
         event = {"left": "leave", "restarted": "restart"}.get(reason, "evict")
         self._membership(t, event, learner, reason=reason)
-        actions: list[Action] = [Evict(learner, reason)]
+        actions: list[Action] = [Evict(learner, reason, incarnation)]
         # A contribution not yet handed to the followers is dropped; later ones stay merged.
         queues = [self.waiting]
         if self.round is not None and self.round.phase in (Phase.COLLECTING, Phase.TRANSFERS):

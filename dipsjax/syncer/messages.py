@@ -295,8 +295,12 @@ class GrantChunk(Action):
 
 @dataclasses.dataclass(frozen=True)
 class Evict(Action):
+    """The leader no longer counts ``incarnation`` of ``learner`` (a newer incarnation of
+    the same learner ignores it)."""
+
     learner: int
     reason: str
+    incarnation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,8 +83,14 @@ def _check_run(run, sim, summary):
     applied = [r for r in rounds if r.applied]
     # No round applied twice: versions 1..N, once each, in order.
     assert [r.version for r in applied] == list(range(1, len(applied) + 1))
-    # Every chunk used by an applied round was finished once...
-    used = [c for r in applied for p in r.participants for c in p.meta.finished_chunks]
+    # Every chunk used by a decided push (accepted, or rejected: its data was used) was
+    # finished once...
+    used = [
+        c
+        for r in rounds
+        for p, _ in zip(r.participants, r.accepted, strict=False)  # undecided: no flags
+        for c in p.meta.finished_chunks
+    ]
     assert used and len(used) == len(set(used))
     # ...and the leader's chunk ledger has exactly those done (a dropped push's chunks went
     # back to be trained again, never counted as done).
@@ -241,3 +247,39 @@ def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp
     assert sorted(r["follower"] for r in joined if r["event"] == "joined") == [0, 1]
     for name in ("learner0", "follower0"):
         assert "rejoin" in (run / "logs" / f"{name}.log").read_text()
+
+
+def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path):
+    """SIGSTOP for a hang: silent for 3 heartbeat intervals, the learner is evicted (its
+    push dropped, its leases back in the ledger). Woken up, it learns it was evicted,
+    exits with code 75, and the launcher starts a new incarnation (a longer run: the new
+    incarnation compiles before it joins)."""
+    sim = _sim(token_budget=3 * 12 * 512 * 60)
+    run = tmp_path / "run"
+    spec = make_spec(sim, run)
+    launcher = _start(spec, tmp_path)
+    _wait(lambda: _calm(run), "version 2, every learner in", launcher)
+    pid = json.loads((run / "pids.json").read_text())["learner2"]
+    stopped_at = _status(run)["t"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        evicted = _wait(
+            lambda: [
+                r
+                for r in EventTape.read(run / "tape.jsonl").records
+                if r["kind"] == "membership" and r["learner"] == 2 and r["event"] == "evict"
+            ],
+            "the hung learner's eviction",
+            launcher,
+        )
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert evicted[0]["reason"] == "missed heartbeats"
+    assert evicted[0]["t"] - stopped_at < 3 * spec.heartbeat_interval + 1.5
+    summary = _finish(launcher, run)
+    tape = _check_run(run, sim, summary)
+    restarts = _restarts(run)
+    assert [(r["role"], r["rc"]) for r in restarts] == [("learner2", 75)], restarts
+    members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 2]
+    assert [r for r in members if r["event"] == "join" and r.get("incarnation") == 1]
+    assert "evicted (missed heartbeats)" in (run / "logs" / "learner2.log").read_text()

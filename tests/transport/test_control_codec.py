@@ -80,7 +80,7 @@ EXAMPLES = [
     m.GrantChunk(learner=22, chunk=23),
     m.GrantChunk(learner=22, chunk=None),
     m.GrantChunk(learner=22, chunk=0),
-    m.Evict(learner=24, reason="missed heartbeats"),
+    m.Evict(learner=24, reason="missed heartbeats", incarnation=2),
     m.Refuse(learner=25, reason="stale"),
     m.Stop(reason="budget reached"),
 ]

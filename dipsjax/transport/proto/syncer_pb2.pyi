@@ -287,12 +287,14 @@ class GrantChunk(_message.Message):
     def __init__(self, learner: _Optional[int] = ..., chunk: _Optional[int] = ...) -> None: ...
 
 class Evict(_message.Message):
-    __slots__ = ("learner", "reason")
+    __slots__ = ("learner", "reason", "incarnation")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     learner: int
     reason: str
-    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Refuse(_message.Message):
     __slots__ = ("learner", "reason")

@@ -178,25 +178,32 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     assert all(p.pushed_at < killed_at for p in pushes if p.meta.incarnation == 0)
 
 
-def _calm(run):
-    """No follower is applying an outer step (killing one then would stop the run loudly:
-    its shards would disagree with the others' on the version)."""
+def _calm(run, learners):
+    """Version 2, every learner in (none still compiling), and no follower applying an
+    outer step (killing one then would stop the run loudly: its shards would disagree
+    with the others' on the version)."""
     st = _status(run)
     pushed = [v["tokens"] > 0 for v in st["learners"].values()]
     return (
         st["version"] >= 2
-        and len(pushed) == 3  # every learner is in (none still compiling)
+        and len(pushed) == learners
         and all(pushed)
         and st["phase"] in ("idle", "collecting", "transfers", "pull")
     )
 
 
-def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoint(tmp_path):
-    sim = _sim()
+def _start_calm(tmp_path, sim):
+    """A launcher running ``sim``, once it is calm: ``(run, spec, launcher)``."""
     run = tmp_path / "run"
     spec = make_spec(sim, run)
     launcher = _start(spec, tmp_path)
-    _wait(lambda: _calm(run), "version 2, no update running", launcher)
+    _wait(lambda: _calm(run, sim.learners), "version 2, every learner in, calm", launcher)
+    return run, spec, launcher
+
+
+def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoint(tmp_path):
+    sim = _sim()
+    run, spec, launcher = _start_calm(tmp_path, sim)
     killed_at = _status(run)["t"]
     _kill(run, "follower1")
     summary = _finish(launcher, run)
@@ -210,8 +217,8 @@ def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoi
     assert lost and lost[0]["follower"] == 1
     assert lost[0]["t"] - killed_at < 3 * spec.heartbeat_interval + 1.0
     assert joined and joined[0]["follower"] == 1 and joined[0]["t"] > lost[0]["t"]
-    applied_by = {r.version: r for r in tape.round_records() if r.applied}
-    assert max(applied_by) > joined[0]["version"]  # rounds were applied after it came back
+    last = max(r.version for r in tape.round_records() if r.applied)
+    assert last > joined[0]["version"]  # rounds were applied after it came back
     # A round open when it died was discarded whole: nothing half applied (the replay and
     # the followers' identical decision logs in _check_run say the same).
     log = (run / "logs" / "follower1.log").read_text()
@@ -220,10 +227,7 @@ def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoi
 
 def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp_path):
     sim = _sim()
-    run = tmp_path / "run"
-    spec = make_spec(sim, run)
-    launcher = _start(spec, tmp_path)
-    _wait(lambda: _calm(run), "version 2, no update running", launcher)
+    run, _spec, launcher = _start_calm(tmp_path, sim)
     before = json.loads((run / "pids.json").read_text())
     killed_at = _status(run)["t"]
     _kill(run, "leader")
@@ -255,10 +259,7 @@ def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path)
     exits with code 75, and the launcher starts a new incarnation (a longer run: the new
     incarnation compiles before it joins)."""
     sim = _sim(token_budget=3 * 12 * 512 * 60)
-    run = tmp_path / "run"
-    spec = make_spec(sim, run)
-    launcher = _start(spec, tmp_path)
-    _wait(lambda: _calm(run), "version 2, every learner in", launcher)
+    run, spec, launcher = _start_calm(tmp_path, sim)
     pid = json.loads((run / "pids.json").read_text())["learner2"]
     stopped_at = _status(run)["t"]
     os.kill(pid, signal.SIGSTOP)

@@ -65,7 +65,7 @@ def _measure(
             if isinstance(a, kind):
                 return t, a
 
-    learner.call(m.Join(0.0, 0, incarnation=incarnation))
+    learner.call(m.Join(0.0, 0, incarnation=incarnation, fingerprint=spec.fingerprint))
     _, send = wait("learner", m.SendModel)
     learner.call(m.PullDone(0.0, 0, send.version))
     decisions, heartbeats = [], []

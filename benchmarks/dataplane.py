@@ -8,6 +8,10 @@ followers check, decode to FP32 and stage them; then the learner pulls the model
 same way (followers encode, learner decodes). Raw TCP: the same number of bytes, already
 serialized, sent and received with ``sendall``/``recv_into`` and nothing else.
 
+The data plane is measured twice, as runs use it (TLS with the job's certificates, mutual:
+``dipsjax.runtime.credentials``) and in plain TCP (``RunSpec.tls=False``), so that what TLS
+costs shows beside what the framing costs.
+
 Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run).
 """
 
@@ -17,8 +21,10 @@ import argparse
 import multiprocessing as mp
 import socket
 import statistics
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -38,19 +44,25 @@ def _shard(model: dict, k: int) -> dict:
 # ---------------------------------------------------------------- followers (child)
 
 
-def _dataplane_followers(params: float, conn) -> None:
+def _dataplane_followers(params: float, creds: str, conn) -> None:
+    from dipsjax.runtime import credentials
     from dipsjax.transport import dataplane as dp
 
     model = _model(params)
     servers = []
-    for k in range(2):
-        shard = _shard(model, k)
-        staged = {}
+    for tls in (None, credentials.load(creds).ssl_server()):  # two plain, two TLS
+        for k in range(2):
+            shard = _shard(model, k)
+            staged = {}
 
-        def on_push(r, j, inc, base, tensors, staged=staged):
-            staged[r] = tensors
+            def on_push(r, j, inc, base, tensors, staged=staged):
+                staged[r] = tensors
 
-        servers.append(dp.DataPlaneServer(on_push, lambda v, shard=shard: (0, shard), port=0))
+            servers.append(
+                dp.DataPlaneServer(
+                    on_push, lambda v, shard=shard: (0, shard), port=0, ssl_context=tls
+                )
+            )
     conn.send([s.address for s in servers])
     conn.recv()  # until the parent is done
 
@@ -90,10 +102,10 @@ def _raw_followers(nbytes: list[int], conn) -> None:
 # ------------------------------------------------------------------ learner (parent)
 
 
-def _timed_dataplane(addresses, model) -> float:
+def _timed_dataplane(addresses, model, tls=None) -> float:
     from dipsjax.transport import dataplane as dp
 
-    clients = [dp.DataPlaneClient(a) for a in addresses]
+    clients = [dp.DataPlaneClient(a, ssl_context=tls) for a in addresses]
     pulled: dict[int, dict] = {}
 
     def push_pull(k: int) -> None:
@@ -152,22 +164,31 @@ def main() -> None:
     nbytes = [2 * sum(x.size for x in _shard(model, k).values()) for k in range(2)]
     wire = 2 * sum(nbytes)  # pushed and pulled, BF16
 
-    dp_proc, dp_conn, dp_addr = _start(_dataplane_followers, args.params)
+    from dipsjax.runtime import credentials
+
+    creds = credentials.create(Path(tempfile.mkdtemp(prefix="dipsjax-dp-")) / "credentials")
+    tls = creds.ssl_client()
+    dp_proc, dp_conn, addrs = _start(_dataplane_followers, args.params, creds.directory)
+    dp_addr, tls_addr = addrs[:2], addrs[2:]
     raw_proc, raw_conn, raw_addr = _start(_raw_followers, nbytes)
     _timed_dataplane(dp_addr, model)  # warm-up: compiles the codecs on both ends
+    _timed_dataplane(tls_addr, model, tls)
     _timed_raw(raw_addr, nbytes)
-    dps, raws = [], []
-    for _ in range(args.trials):  # interleaved, so that machine noise hits both
+    dps, tlss, raws = [], [], []
+    for _ in range(args.trials):  # interleaved, so that machine noise hits all three
         raws.append(_timed_raw(raw_addr, nbytes))
         dps.append(_timed_dataplane(dp_addr, model))
+        tlss.append(_timed_dataplane(tls_addr, model, tls))
     for conn, proc in ((dp_conn, dp_proc), (raw_conn, raw_proc)):
         conn.send("done")
         proc.join(5)
-    t_dp, t_raw = statistics.median(dps), statistics.median(raws)
+    t_dp, t_raw, t_tls = (statistics.median(x) for x in (dps, raws, tlss))
     print(f"model: {n_params / 1e6:.0f}M params, {wire / 1e6:.0f} MB on the wire (push + pull)")
-    print(f"raw TCP:    {t_raw:.3f} s  ({wire / t_raw / 1e9:.2f} GB/s)  trials {raws}")
-    print(f"data plane: {t_dp:.3f} s  ({wire / t_dp / 1e9:.2f} GB/s)  trials {dps}")
+    print(f"raw TCP:          {t_raw:.3f} s  ({wire / t_raw / 1e9:.2f} GB/s)  trials {raws}")
+    print(f"data plane:       {t_dp:.3f} s  ({wire / t_dp / 1e9:.2f} GB/s)  trials {dps}")
+    print(f"data plane + TLS: {t_tls:.3f} s  ({wire / t_tls / 1e9:.2f} GB/s)  trials {tlss}")
     print(f"dataplane_push_pull_ratio: {t_raw / t_dp:.2f} (goal: >= 0.70)")
+    print(f"dataplane_tls_ratio: {t_dp / t_tls:.2f} (goal: >= 0.70, TLS against plain framing)")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,10 @@ def stand_in(spec_path: str, j: int) -> None:
     spec = RunSpec.read(spec_path)
     shapes = list(model_shapes(spec).values())
     control = ControlClient(spec, learner=j)
-    clients = [DataPlaneClient(address(a), timeout=600) for a in spec.followers]
+    clients = [
+        DataPlaneClient(address(a), timeout=600, ssl_context=spec.ssl_client())
+        for a in spec.followers
+    ]
     actions: queue.Queue = queue.Queue()
 
     def watch() -> None:
@@ -158,6 +161,7 @@ def main() -> None:
     import numpy as np
 
     from dipsjax.runtime.client import model_shapes
+    from dipsjax.runtime.credentials import create as create_credentials
     from dipsjax.runtime.run import Processes, free_port
     from dipsjax.runtime.spec import RunSpec
     from dipsjax.sim.config import SimConfig
@@ -183,7 +187,7 @@ def main() -> None:
         sim=sim,
         leader=f"127.0.0.1:{free_port()}",
         followers=tuple(f"127.0.0.1:{free_port()}" for _ in range(2)),
-        token="round-1b-benchmark",
+        credentials=str(create_credentials(run_dir / "credentials").directory),
         run_dir=str(run_dir),
         layer_owner=assign_layers(sizes, 2),
         num_chunks=1000,

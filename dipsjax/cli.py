@@ -13,6 +13,8 @@ DELEGATED = {
     "simulate": ("dipsjax.sim.experiments", "run a simulator experiment (configs/sim_*.py)"),
     "plan": ("dipsjax.model.plan", "parameter count and memory plan of every named model"),
     "run": ("dipsjax.runtime.run", "leader, followers and learners as processes on this machine"),
+    "credentials": ("dipsjax.runtime.credentials", "create a run's TLS certificates and job token"),
+    "snapshot": ("dipsjax.runtime.snapshot", "consistent snapshot of a running job, to resume"),
 }
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-
-import grpc
 
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.syncer import messages as m
@@ -24,7 +23,7 @@ class ControlClient:
     def __init__(self, spec: RunSpec, *, learner: int | None = None, follower: int | None = None):
         self.spec = spec
         self.peer = {"learner": learner} if learner is not None else {"follower": follower}
-        self.channel = grpc.insecure_channel(spec.leader)
+        self.channel = spec.grpc_channel(spec.leader)
         self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
         self.lock = threading.Lock()
 
@@ -43,6 +42,11 @@ class ControlClient:
         )
         for env in self.stub.Watch(req, wait_for_ready=True):
             yield codec.from_proto(env)
+
+    def status(self, timeout: float = 30.0) -> dict[str, Any]:
+        """The leader's status: rounds, phase, tokens, learners' states."""
+        req = syncer_pb2.StatusRequest(job_token=self.spec.token)
+        return json.loads(self.stub.Status(req, timeout=timeout, wait_for_ready=True).json)
 
     def close(self) -> None:
         self.channel.close()
@@ -69,6 +73,16 @@ def in_parallel(fn: Callable[[int], Any], keys: Iterable[int]) -> list[Any]:
         if isinstance(r, Exception):
             raise r
     return results
+
+
+def model_fingerprint(shapes: dict[tuple[str, ...], tuple[tuple[int, ...], Any]]) -> str:
+    """16 hex digits naming a model's layout: every parameter's path, shape and dtype in
+    flattened order. A learner joins with its own; the leader refuses one that differs
+    from the job's (another model, config or code version), before any tensor moves."""
+    import hashlib
+
+    layout = [["/".join(p), list(s), str(d)] for p, (s, d) in shapes.items()]
+    return hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
 
 
 def model_shapes(spec: RunSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], Any]]:

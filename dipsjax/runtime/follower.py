@@ -53,7 +53,7 @@ from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.follower import Follower, warm_up
+from dipsjax.syncer.follower import Follower, PushRefused, warm_up
 from dipsjax.transport.dataplane import DataPlaneServer
 
 
@@ -110,18 +110,47 @@ class FollowerNode:
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"follower{k}"))
         self.control = ControlClient(spec, follower=k)
         host, port = address(spec.followers[k])
-        self.data = DataPlaneServer(self.on_push, self.on_pull, host=host, port=port)
+        self.duplicates = 0
+        self.metrics_lock = threading.Lock()
+        self.data = DataPlaneServer(
+            self.on_push, self.on_pull, host=host, port=port, ssl_context=spec.ssl_server()
+        )
+        self.data.on_refusal = self._refused
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
     ) -> None:
         if sorted(tensors) != self.mine:
-            raise ValueError(
-                f"follower {self.k} holds tensors {self.mine[:4]}..., got {sorted(tensors)[:4]}..."
+            raise PushRefused(
+                "layout",
+                f"follower {self.k} holds tensors {self.mine[:4]}..., got {sorted(tensors)[:4]}...",
             )
         tree = outer.unflatten({self.paths[i]: x for i, x in tensors.items()})
         with self.lock:
-            self.follower.receive(round_id, learner, tree, incarnation)
+            if self.follower.receive(round_id, learner, tree, incarnation) == "duplicate":
+                self.duplicates += 1  # a resent push equal to the staged one: acknowledged
+                self._write_metrics()
+
+    def _refused(self, kind: str, message: str) -> None:
+        """The data plane refused something: counted in ``follower{k}/metrics.json`` and
+        TensorBoard (``follower/refused/KIND``), and logged."""
+        print(f"follower {self.k}: refused ({kind}): {message}", flush=True)
+        self._write_metrics()
+        self.tb.add_scalar(f"follower/refused/{kind}", self.data.refused[kind], self.version_now)
+
+    @property
+    def version_now(self) -> int:
+        return self.follower.version
+
+    def _write_metrics(self) -> None:
+        """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""
+        with self.metrics_lock:
+            d = self.data
+            doc = {"refused": dict(d.refused), "duplicates": self.duplicates, **d.stats}
+            path = Path(self.spec.run_dir) / f"follower{self.k}" / "metrics.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(path)
 
     def on_pull(self, version: int) -> tuple[int, dict[int, Any]]:
         with self.lock:
@@ -299,6 +328,7 @@ class FollowerNode:
         finally:
             self.stop.set()
             self.data.close()
+            self._write_metrics()
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
 

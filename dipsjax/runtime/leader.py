@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import grpc
@@ -73,8 +73,9 @@ class LeaderNode:
                 spec.sim.method,
                 spec.method_settings(),
             )
+            config = dataclasses.replace(method.leader, fingerprint=spec.fingerprint)
             leader = Leader(
-                method.leader, method.grace, data=new_ledger(spec.num_chunks, seed=spec.sim.seed)
+                config, method.grace, data=new_ledger(spec.num_chunks, seed=spec.sim.seed)
             )
         self.leader = leader
         self.queues: dict[tuple[str, int], asyncio.Queue] = {}
@@ -90,6 +91,9 @@ class LeaderNode:
         self.stopped = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tb = _writer(self.dir / "tb" / "leader")
+        # Calls refused before the core saw them (unauthenticated, malformed); the core
+        # counts what it refuses itself (``Leader.refused``). Both are in the status.
+        self.refused: Counter[str] = Counter()
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -97,7 +101,12 @@ class LeaderNode:
     def handle(self, event: m.Event) -> list[m.Action]:
         """One event through the core; routes and persists what it produced."""
         event = dataclasses.replace(event, t=self.now())  # the leader's clock, not the sender's
-        return self.carry_out(self.leader.handle(event))
+        actions = self.leader.handle(event)
+        if isinstance(event, m.Join):  # a refused join is answered to its caller alone
+            refusals = [a for a in actions if isinstance(a, m.Refuse)]
+            rest = [a for a in actions if not isinstance(a, m.Refuse)]
+            return refusals + self.carry_out(rest)
+        return self.carry_out(actions)
 
     def carry_out(self, actions: list[m.Action]) -> list[m.Action]:
         """Routes the core's actions, persists; returns the caller's replies."""
@@ -152,7 +161,9 @@ class LeaderNode:
     def _persist(self) -> None:
         snap = self.dir / "leader" / "snapshot.json"
         tmp = snap.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.leader.snapshot(), allow_nan=False))
+        state = self.leader.snapshot()
+        state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
+        tmp.write_text(json.dumps(state, allow_nan=False))
         os.replace(tmp, snap)  # atomic
         records = self.leader.tape.records[self.taped :]
         if records:
@@ -195,10 +206,12 @@ class LeaderNode:
             "rounds": ld.next_round_id,
             "phase": ld.phase.value,
             "members": sorted(ld.members),
+            "followers_up": [k for k, up in sorted(ld.followers_up.items()) if up],
             "learners": learners,
             "tokens": ld.ledger.totals(),
             "budget": ld.config.token_budget,
             "stopped": ld.stopped,
+            "refused": dict(sorted((ld.refused + self.refused).items())),
         }
 
     def _log_round(self, r: dict) -> None:
@@ -207,6 +220,8 @@ class LeaderNode:
         self.tb.add_scalar("round/participants", len(r["participants"]), step)
         self.tb.add_scalar("round/accepted", sum(r["accepted"]), step)
         self.tb.add_scalar("round/grace_s", r["grace"], step)
+        for kind, n in (self.leader.refused + self.refused).items():
+            self.tb.add_scalar(f"refused/{kind}", n, step)
         if isinstance(r.get("clip_factor"), float):
             self.tb.add_scalar("round/clip_factor", r["clip_factor"], step)
         for name, a, b in (
@@ -230,28 +245,42 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
 
     def __init__(self, node: LeaderNode) -> None:
         self.node = node
+        self.token = node.spec.token.encode()
 
     def _authorized(self, token: str) -> bool:
-        return hmac.compare_digest(token.encode(), self.node.spec.token.encode())
+        return hmac.compare_digest(token.encode(), self.token)
+
+    async def _deny(self, context) -> None:
+        self.node.refused["unauthenticated"] += 1
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
+
+    def _malformed(self, error: str) -> syncer_pb2.Replies:
+        self.node.refused["malformed"] += 1
+        return syncer_pb2.Replies(error=error)
 
     async def Call(self, request, context):
         if not self._authorized(request.job_token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
+            await self._deny(context)
         try:
             event = codec.from_proto(request)
         except ValueError as e:
-            return syncer_pb2.Replies(error=f"malformed message: {e}")
+            return self._malformed(f"malformed message: {e}")
         if not isinstance(event, m.Event):
-            return syncer_pb2.Replies(error=f"{type(event).__name__} is not an event")
+            return self._malformed(f"{type(event).__name__} is not an event")
         try:
             replies = self.node.handle(event)
         except (ValueError, TypeError) as e:
-            return syncer_pb2.Replies(error=str(e))
+            return self._malformed(str(e))
         return syncer_pb2.Replies(actions=[codec.to_proto(a) for a in replies])
+
+    async def Status(self, request, context):
+        if not self._authorized(request.job_token):
+            await self._deny(context)
+        return syncer_pb2.StatusReply(json=json.dumps(self.node.status()))
 
     async def Watch(self, request, context):
         if not self._authorized(request.job_token):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
+            await self._deny(context)
         kind = request.WhichOneof("peer")
         if kind is None:
             await context.abort(
@@ -277,7 +306,14 @@ def restored(spec: RunSpec) -> Leader:
         raise FileNotFoundError(f"--resume: no leader snapshot at {snap}")
     tape_path = run_dir / "tape.jsonl"
     tape = EventTape.read(tape_path) if tape_path.exists() else None
-    return Leader.restore(json.loads(snap.read_text()), tape=tape)
+    state = json.loads(snap.read_text())
+    n = state.get("tape_records")
+    if tape is not None and n is not None and len(tape.records) > n:
+        del tape.records[n:]  # records of events after the snapshot (killed in between)
+        tmp = tape_path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in tape.records))
+        os.replace(tmp, tape_path)
+    return Leader.restore(state, tape=tape)
 
 
 async def serve(spec: RunSpec, resume: bool = False) -> None:
@@ -288,7 +324,10 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
     server = grpc.aio.server()
     syncer_pb2_grpc.add_SyncerServicer_to_server(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
-    server.add_insecure_port(f"{host}:{port}")
+    if spec.tls:
+        server.add_secure_port(f"{host}:{port}", spec.secrets.grpc_server())
+    else:
+        server.add_insecure_port(f"{host}:{port}")
     await server.start()
     for sig in (signal.SIGTERM, signal.SIGINT):
         node.loop.add_signal_handler(sig, node.stopped.set)

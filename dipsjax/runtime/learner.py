@@ -61,8 +61,8 @@ from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
-from dipsjax.runtime.client import ControlClient, in_parallel
-from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
+from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
 from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -80,6 +80,14 @@ class Evicted(Stopped):
 
 
 EVICTED = 75  # exit code (EX_TEMPFAIL): start me again as a new incarnation
+
+
+class JoinRefused(RuntimeError):
+    """The leader will not take this learner (another model fingerprint, or an
+    incarnation older than one it knows): the process exits with :data:`REFUSED`."""
+
+
+REFUSED = REFUSED_EXIT  # exit code (EX_CONFIG): the same process would be refused again
 
 
 class LeaderLost(Exception):
@@ -102,8 +110,8 @@ def retrying(fn: Any, what: str, patience: float = 60.0) -> Any:
         try:
             return fn()
         except TRANSFER_ERRORS as e:
-            if time.monotonic() > deadline:
-                raise
+            if time.monotonic() > deadline or getattr(e, "refused", False):
+                raise  # out of patience, or refused for good (sending again cannot help)
             print(f"{what} failed ({type(e).__name__}: {e}); trying again", flush=True)
             time.sleep(0.5)
 
@@ -123,7 +131,9 @@ class LearnerNode:
             seed=cfg.seed,
             donate=False,
         )
-        self.paths = list(outer.flatten(jax.device_get(self.learner.params_dict())))
+        flat = outer.flatten(jax.device_get(self.learner.params_dict()))
+        self.paths = list(flat)
+        self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
         chunks = train_chunks(
             cfg.corpus,
             chunk_len=cfg.chunk_len,
@@ -141,8 +151,12 @@ class LearnerNode:
         self.saved_round = -1  # the round whose start was checkpointed
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.control = ControlClient(spec, learner=j)
-        self.data = [DataPlaneClient(address(a)) for a in spec.followers]
-        self.pull_data = [DataPlaneClient(address(a)) for a in spec.followers]
+        tls = spec.ssl_client()
+        rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
+        self.data, self.pull_data = (
+            [DataPlaneClient(address(a), ssl_context=tls, rate=rate) for a in spec.followers]
+            for _ in range(2)
+        )
         self.actions: queue.Queue = queue.Queue()
         self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
         self.latest: tuple[int, Any] | None = None  # overlap: the newest version pulled
@@ -462,6 +476,9 @@ class LearnerNode:
         except Evicted as e:
             print(f"learner {self.j}: evicted ({e}) after {self.rounds} rounds", flush=True)
             self.exit_code = EVICTED
+        except JoinRefused as e:
+            print(f"learner {self.j}: the leader refused to let it join: {e}", flush=True)
+            self.exit_code = REFUSED
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
@@ -474,7 +491,10 @@ class LearnerNode:
 
     def join(self) -> None:
         """Joins (or, resumed, rejoins from its checkpoints) and pulls the version sent."""
-        self.control.call(m.Join(0.0, self.j, self.incarnation, resume=self.resume))
+        join = m.Join(0.0, self.j, self.incarnation, self.resume, self.fingerprint)
+        for reply in self.control.call(join):
+            if isinstance(reply, m.Refuse):
+                raise JoinRefused(reply.reason)
         send = self.wait_for(m.SendModel)
         if self.resume:
             record = self.restore(send)

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -35,7 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dipsjax.runtime.spec import RunSpec
+from dipsjax.runtime.credentials import create as create_credentials
+from dipsjax.runtime.credentials import load as load_credentials
+from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.tape import EventTape
 
@@ -48,18 +49,33 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 1.0) -> RunSpec:
-    """The run's spec: ports, credential, the followers' layers and the corpus's chunks."""
+def make_spec(
+    sim: SimConfig,
+    run_dir: Path,
+    heartbeat_interval: float = 1.0,
+    credentials: str | Path | None = None,
+    tls: bool = True,
+) -> RunSpec:
+    """The run's spec: ports, credentials, the followers' layers and the corpus's chunks.
+
+    ``credentials``: a directory made by ``dipsjax credentials``; by default a fresh set is
+    made in ``RUN_DIR/credentials`` (readable by its owner only).
+    """
     import numpy as np
 
     from dipsjax import outer
     from dipsjax.data import ByteTokenizer, train_chunks
-    from dipsjax.runtime.client import model_layout
+    from dipsjax.runtime.client import model_fingerprint, model_layout
     from dipsjax.syncer.schedule import assign_layers
 
     probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval)
+    if credentials is None:
+        credentials = create_credentials(Path(run_dir) / "credentials").directory
+    else:
+        load_credentials(credentials)  # names what is missing now, not in every process
     paths, params = model_layout(probe)
     flat = outer.flatten(params)
+    fingerprint = model_fingerprint({p: (np.shape(flat[p]), flat[p].dtype) for p in paths})
     sizes = [4 * int(np.prod(np.shape(flat[p]))) for p in paths]
     n_followers = min(sim.followers, len(paths))
     chunks = train_chunks(
@@ -72,11 +88,13 @@ def make_spec(sim: SimConfig, run_dir: Path, heartbeat_interval: float = 1.0) ->
         sim=sim,
         leader=f"127.0.0.1:{free_port()}",
         followers=tuple(f"127.0.0.1:{free_port()}" for _ in range(n_followers)),
-        token=secrets.token_hex(16),
+        credentials=str(Path(credentials).resolve()),
         run_dir=str(run_dir),
         layer_owner=assign_layers(sizes, n_followers),
         num_chunks=int(chunks.shape[0]),
         heartbeat_interval=heartbeat_interval,
+        tls=tls,
+        fingerprint=fingerprint,
     )
 
 
@@ -165,6 +183,11 @@ class Healer:
             if rc in (None, 0) or name in self.due:
                 continue
             n = self.count.get(name, 0)
+            if rc == REFUSED_EXIT:
+                raise RuntimeError(
+                    f"{name} was refused by the leader (exit code {rc}: another model "
+                    f"fingerprint?); see {self.procs.logs / (name + '.log')}"
+                )
             if n >= self.spec.max_restarts:
                 raise RuntimeError(
                     f"{name} exited with code {rc} after {n} restarts (max_restarts="
@@ -411,7 +434,11 @@ def launch(
             for j in range(spec.sim.learners):
                 due = time.monotonic() - t0 >= later.get(j, 0.0)
                 if f"learner{j}" not in procs.procs and due:
-                    healer.start(f"learner{j}", *healer.args(f"learner{j}"), *again)
+                    # A learner without checkpoints (a run started from a snapshot) comes
+                    # back as a new incarnation (``incarnations.json``) and pulls.
+                    has_ckpt = (run_dir / f"learner{j}" / "ckpt").exists()
+                    resumed = again if has_ckpt else []
+                    healer.start(f"learner{j}", *healer.args(f"learner{j}"), *resumed)
 
         start_learners()
         last = 0.0
@@ -471,6 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", default=None, help="dips, decoupled, sync_diloco, naive_async")
     parser.add_argument("--out", default=None, help="run folder (default runs/NAME-TIME)")
     parser.add_argument(
+        "--credentials",
+        default=None,
+        metavar="DIR",
+        help="the run's credentials, made by `dipsjax credentials DIR` (default: a fresh set "
+        "in RUN_DIR/credentials)",
+    )
+    parser.add_argument(
         "--resume",
         default=None,
         metavar="RUN_DIR",
@@ -500,7 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0))
+    try:
+        spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(str(e))
     print(
         f"run {run_dir}: {sim.method}, {sim.learners} learners, {len(spec.followers)} "
         f"followers, budget {sim.token_budget} tokens",

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
+from dipsjax.runtime.credentials import Credentials
+from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.sim.config import SimConfig
 
 
@@ -27,7 +30,13 @@ class RunSpec:
         slowdown factors: a learner with speed 2 takes twice its measured step time).
       leader: ``host:port`` of the leader's gRPC control server.
       followers: ``host:port`` of each follower's data plane.
-      token: the job's credential (never logged).
+      credentials: the directory of the run's credentials (job token, TLS certificates:
+        :mod:`dipsjax.runtime.credentials`); only this path is in ``spec.json``.
+      tls: both planes use TLS with the job's certificates (mutual: clients show theirs
+        too); the job token is checked on every control-plane call either way. Off only to
+        measure what TLS costs (``benchmarks/dataplane.py``).
+      fingerprint: the model's layout (``client.model_fingerprint``); the leader refuses a
+        learner that joins with another (empty: not checked).
       run_dir: where every role writes its logs, tape and checkpoints.
       layer_owner: follower of each tensor (flattened parameter order).
       num_chunks: chunks of the training corpus (the leader's chunk ledger).
@@ -42,6 +51,8 @@ class RunSpec:
       push_pause: fault injection, for tests: seconds a learner pauses in each push once its
         first follower holds its shards and before the others get theirs (so a kill lands
         mid-push); 0 in real runs.
+      link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; that learner's
+        data-plane links carry at most this many bytes a second each way (a slow link).
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
       compute_in_turns: followers on one host take turns at their outer-step computations
@@ -56,7 +67,7 @@ class RunSpec:
     sim: SimConfig
     leader: str
     followers: tuple[str, ...]
-    token: str
+    credentials: str
     run_dir: str
     layer_owner: tuple[int, ...]
     num_chunks: int
@@ -65,8 +76,11 @@ class RunSpec:
     restart_backoff: float = 0.5
     apply_delay: float = 0.0
     push_pause: float = 0.0
+    link_rates: tuple[tuple[int, float], ...] = ()
     compute_in_turns: bool = False
     checkpoints: bool = True
+    tls: bool = True
+    fingerprint: str = ""
 
     def __post_init__(self) -> None:
         def hostport(a: str) -> bool:
@@ -89,10 +103,43 @@ class RunSpec:
             (self.restart_backoff >= 0, "restart_backoff", ">= 0 seconds"),
             (self.apply_delay >= 0, "apply_delay", ">= 0 seconds"),
             (self.push_pause >= 0, "push_pause", ">= 0 seconds"),
+            (
+                all(len(x) == 2 and x[1] > 0 for x in self.link_rates),
+                "link_rates",
+                "(learner, bytes/s > 0) pairs",
+            ),
         ]
         for ok, name, allowed in checks:
             if not ok:
                 raise ValueError(f"RunSpec.{name} must be {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def secrets(self) -> Credentials:
+        """The run's credentials, read from ``credentials`` (once per process)."""
+        if not self.credentials:
+            raise ValueError("RunSpec.credentials: no credentials directory given")
+        return load_credentials(self.credentials)
+
+    @property
+    def token(self) -> str:
+        """The job token every control-plane call carries."""
+        return self.secrets.token
+
+    def grpc_channel(self, address: str) -> Any:
+        """A gRPC channel to ``address``: TLS with the job's certificates, or plain."""
+        import grpc
+
+        if self.tls:
+            return grpc.secure_channel(address, self.secrets.grpc_channel())
+        return grpc.insecure_channel(address)
+
+    def ssl_server(self) -> ssl.SSLContext | None:
+        """The data-plane server's TLS context (``None`` without TLS)."""
+        return self.secrets.ssl_server() if self.tls else None
+
+    def ssl_client(self) -> ssl.SSLContext | None:
+        """The data-plane client's TLS context (``None`` without TLS)."""
+        return self.secrets.ssl_client() if self.tls else None
 
     def method_settings(self) -> Any:
         """The method's settings for this run: the experiment's, with the runtime's
@@ -112,6 +159,7 @@ class RunSpec:
         d["sim"] = SimConfig(**sim)
         d["followers"] = tuple(d["followers"])
         d["layer_owner"] = tuple(d["layer_owner"])
+        d["link_rates"] = tuple(tuple(x) for x in d.get("link_rates", ()))
         return cls(**d)
 
     def write(self, path: str | Path) -> None:
@@ -120,6 +168,11 @@ class RunSpec:
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
         return cls.from_json(json.loads(Path(path).read_text()))
+
+
+# Exit code of a learner the leader refused to let join (EX_CONFIG: another model
+# fingerprint): the launcher does not restart it, as the same process would be refused again.
+REFUSED_EXIT = 78
 
 
 def write_cpu_seconds(path: str | Path) -> None:

@@ -46,7 +46,6 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
         if r["kind"] == "membership" and r["event"] == "active" and "rounds" in r:
             resumes.setdefault(r["learner"], []).append((r["t"], r["rounds"]))
     for rec in tape.round_records():
-        kept = {p.learner for p in rec.participants}
         for p in sorted(rec.participants + rec.dropped, key=lambda p: p.pushed_at):
             j, meta = p.learner, p.meta
             if j not in learners or learners[j][0] != meta.incarnation:
@@ -69,8 +68,10 @@ def replay(cfg: SimConfig, tape: EventTape) -> dict:
             batches = [b.tokens for b in itertools.islice(stream, meta.steps)]
             contrib = learner.run_round(batches, num_steps=meta.steps, reference="start")
             history[j].append(_copy(learner.opt_state))
-            if j not in kept:
-                continue  # dropped as stale: retrained only to carry the learner's state on
+            if not any(p is q for q in rec.participants):
+                # Dropped (stale, or lost to a leader restart; a learner may have one of
+                # each in a round): retrained only to carry the learner's state on.
+                continue
             base = versions.get(meta.base_version)
             delta = pseudo_gradient(method.reference, contrib, learner, base)
             for f, part in zip(followers, world.split(wire(cfg, delta)), strict=True):

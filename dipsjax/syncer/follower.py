@@ -51,6 +51,15 @@ from dipsjax.syncer.messages import Apply, Decide
 REFERENCES = ("start", "server")
 
 
+class PushRefused(ValueError):
+    """A learner's shard the follower will not stage; ``kind`` names the problem for the
+    metrics (``layout``, ``shape``, ``incarnation``, ``replayed``, ``duplicate``)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class FollowerState(NamedTuple):
     """Everything a follower must keep across a restart (what orbax saves).
 
@@ -97,6 +106,7 @@ class Follower:
         self._staged: dict[tuple[int, int], Any] = {}
         self._batch: dict[int, tuple[tuple[int, ...], Any]] = {}
         self._incarnations: dict[tuple[int, int], int] = {}  # of each staged shard
+        self._done: set[int] = set()  # rounds applied or discarded: a push for one is a replay
         self.decisions: dict[int, Decide] = {}  # the decision merged in each round
 
     @property
@@ -120,33 +130,62 @@ class Follower:
 
     def receive(
         self, round_id: int, learner: int, payload: Mapping[str, Any], incarnation: int = 0
-    ) -> None:
-        """Stages a learner's shard of ``Delta_start = theta_start - theta_end``. A shard
-        from an older incarnation than the one staged for the same round and learner (a
-        dead process's late push) is refused; a newer one replaces it."""
+    ) -> str:
+        """Stages a learner's shard of ``Delta_start = theta_start - theta_end``; returns
+        ``"staged"``, or ``"duplicate"`` for a resent push equal to the one staged (a retry
+        whose acknowledgement was lost: nothing changes).
+
+        Raises :class:`PushRefused`, changing nothing, for a shard that does not match
+        this follower's layers or shapes, from an older incarnation than the one staged
+        for the same round and learner (a dead process's late push; a newer one replaces
+        it), for a round whose norms were already taken or that is over (a replay), or
+        that differs from the same incarnation's push already staged."""
+        me = f"follower {self.follower_id}"
+        if round_id in self._batch or round_id in self._done:
+            state = "already taken its norms" if round_id in self._batch else "ended"
+            raise PushRefused(
+                "replayed", f"{me}: round {round_id} has {state}: learner {learner}'s push refused"
+            )
         staged = self._incarnations.get((round_id, learner))
         if staged is not None and incarnation < staged:
-            raise ValueError(
-                f"follower {self.follower_id}: learner {learner}'s incarnation {incarnation} "
-                f"is older than the one staged for round {round_id} ({staged})"
+            raise PushRefused(
+                "incarnation",
+                f"{me}: learner {learner}'s incarnation {incarnation} "
+                f"is older than the one staged for round {round_id} ({staged})",
             )
         got = outer.flatten(payload)
         want = outer.flatten(self.state.params)
         if got.keys() != want.keys():
             missing = sorted(set(want) - set(got))
             extra = sorted(set(got) - set(want))
-            raise ValueError(
-                f"follower {self.follower_id}: shard from learner {learner} does not match "
-                f"its layers (missing {missing[:3]}, unexpected {extra[:3]})"
+            raise PushRefused(
+                "layout",
+                f"{me}: shard from learner {learner} does not match "
+                f"its layers (missing {missing[:3]}, unexpected {extra[:3]})",
             )
         for path, x in got.items():
             if tuple(np.shape(x)) != tuple(want[path].shape):
-                raise ValueError(
-                    f"follower {self.follower_id}: learner {learner} sent {path} with shape "
-                    f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}"
+                raise PushRefused(
+                    "shape",
+                    f"{me}: learner {learner} sent {path} with shape "
+                    f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}",
                 )
-        self._staged[(round_id, learner)] = {p: _staged_dtype(x) for p, x in got.items()}
-        self._incarnations[(round_id, learner)] = incarnation
+        key = (round_id, learner)
+        if staged == incarnation:  # the same push again: a retry, or a replay
+            same = all(
+                np.asarray(self._staged[key][p]).tobytes() == np.asarray(_staged_dtype(x)).tobytes()
+                for p, x in got.items()
+            )
+            if not same:
+                raise PushRefused(
+                    "duplicate",
+                    f"{me}: learner {learner} (incarnation {incarnation}) already pushed "
+                    f"other values for round {round_id}",
+                )
+            return "duplicate"
+        self._staged[key] = {p: _staged_dtype(x) for p, x in got.items()}
+        self._incarnations[key] = incarnation
+        return "staged"
 
     def pull(self, version: int | None = None) -> tuple[int, dict[str, Any]]:
         """A version (default: the newest) and its shard: a snapshot, safe to keep."""
@@ -263,6 +302,7 @@ class Follower:
         self._forget(round_id)
 
     def _forget(self, round_id: int) -> None:
+        self._done.add(round_id)
         for table in (self._staged, self._incarnations):
             for key in [k for k in table if k[0] == round_id]:
                 del table[key]

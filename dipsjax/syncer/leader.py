@@ -41,6 +41,7 @@ State is plain data: :meth:`Leader.snapshot` gives JSON (under 100 KB for 64 lea
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import json
@@ -132,6 +133,8 @@ class LeaderConfig:
       min_active: a round's quorum counts at least this many learners even while fewer are
         active (0: only the active ones): synchronous DiLoCo over a fixed set of workers
         waits for all of them, also at the start and after a restart.
+      fingerprint: the job's model fingerprint (its parameters' paths, shapes and dtypes);
+        a learner that joins with another one is refused (empty: not checked).
     """
 
     weighting: str = "tokens"
@@ -151,6 +154,7 @@ class LeaderConfig:
     schedule: str = "greedy"
     deal_chunks: int = 0
     min_active: int = 0
+    fingerprint: str = ""
 
     def __post_init__(self) -> None:
         checks = [
@@ -307,6 +311,10 @@ class Leader:
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
         self.tape = EventTape()
         self.stopped = False
+        # Bad input by kind: pushes refused (unknown, inactive, incarnation, invalid,
+        # pending, stopped), joins refused (incarnation, fingerprint), contributions
+        # rejected for a non-finite norm (nonfinite) or dropped as too stale (stale).
+        self.refused: collections.Counter[str] = collections.Counter()
 
     # -- helpers -------------------------------------------------------------------
 
@@ -364,7 +372,7 @@ class Leader:
         """Consumes one event and returns the actions to carry out, in order."""
         if self.stopped:
             if isinstance(event, PushRequested):  # booked, so the learners' count balances
-                return self._refuse(event, "the job has stopped")
+                return self._refuse(event, "stopped", "the job has stopped")
             return []
         handler = getattr(self, f"_on_{type(event).__name__}", None)
         if handler is None:
@@ -379,7 +387,18 @@ class Leader:
     def _on_Join(self, ev: Join) -> list[Action]:
         known = self.incarnations.get(ev.learner)
         if known is not None and ev.incarnation < known:
+            self.refused["incarnation"] += 1
             return [Refuse(ev.learner, f"incarnation {ev.incarnation} is older than {known}")]
+        want = self.config.fingerprint
+        if want and ev.fingerprint != want:
+            self.refused["fingerprint"] += 1
+            return [
+                Refuse(
+                    ev.learner,
+                    f"model fingerprint {ev.fingerprint or '(none)'} is not the job's {want}: "
+                    "another model, config or code version",
+                )
+            ]
         actions: list[Action] = []
         member = self.members.get(ev.learner)
         if member is not None:
@@ -550,8 +569,11 @@ class Leader:
 
     # -- pushes --------------------------------------------------------------------
 
-    def _refuse(self, ev: PushRequested, reason: str, release: bool = True) -> list[Action]:
+    def _refuse(
+        self, ev: PushRequested, kind: str, reason: str, release: bool = True
+    ) -> list[Action]:
         # Refused tokens are counted (reported and dropped), never lost from the books.
+        self.refused[kind] += 1
         tokens = max(int(ev.meta.tokens), 0)
         self.ledger.report(ev.learner, tokens)
         self.ledger.settle(ev.learner, tokens, "dropped")
@@ -563,21 +585,23 @@ class Leader:
         member = self.members.get(ev.learner)
         meta = ev.meta
         if member is None:
-            return self._refuse(ev, "not a member: join and pull a model first")
+            return self._refuse(ev, "unknown", "not a member: join and pull a model first")
         if not member.active:
             # A member that must pull first (e.g. a push sent before a leader restart and
             # delivered to the resumed leader): it keeps its chunks, as it rejoins from its
             # checkpoint and trains them again.
             same = meta.incarnation == member.incarnation
-            return self._refuse(ev, "pull a model first", release=not same)
+            return self._refuse(ev, "inactive", "pull a model first", release=not same)
         if meta.incarnation != member.incarnation:
             return self._refuse(
-                ev, f"incarnation {meta.incarnation} is not the member's {member.incarnation}"
+                ev,
+                "incarnation",
+                f"incarnation {meta.incarnation} is not the member's {member.incarnation}",
             )
         if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version:
-            return self._refuse(ev, f"invalid push {meta}")
+            return self._refuse(ev, "invalid", f"invalid push {meta}")
         if any(p.learner == ev.learner for p in self.waiting + self._open_pushes()):
-            return self._refuse(ev, "a push of this learner is already pending")
+            return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self.ledger.report(ev.learner, meta.tokens)
         self.tokens_taken += meta.tokens
@@ -747,6 +771,7 @@ class Leader:
                 )
         else:
             accepted = present & np.isfinite(g)
+        self.refused["nonfinite"] += int(np.sum(present & ~np.isfinite(g)))
         tokens = tuple(p.tokens for p in pushes)
         steps = tuple(p.meta.steps for p in pushes)
         w = rules.weights(np, accepted, weighting=cfg.weighting, tokens=tokens, steps=steps)
@@ -867,6 +892,7 @@ class Leader:
         for p in rnd.pushes:
             too_old = limit is not None and self.version - p.meta.base_version > limit
             if too_old or p.meta.base_version < floor:
+                self.refused["stale"] += 1
                 self._settle(p, "dropped")
                 rnd.dropped.append(p)
             else:
@@ -1056,6 +1082,7 @@ class Leader:
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
                 "tokens_taken": self.tokens_taken,
                 "stopped": self.stopped,
+                "refused": dict(sorted(self.refused.items())),
             }
         )
 
@@ -1118,6 +1145,7 @@ class Leader:
         leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
         leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
+        leader.refused = collections.Counter(state.get("refused", {}))
         if tape is not None:
             leader.tape = tape
         return leader

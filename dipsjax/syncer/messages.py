@@ -54,6 +54,7 @@ class Join(Event):
     learner: int
     incarnation: int = 0
     resume: bool = False  # the same incarnation, back from its checkpoint (``--resume``)
+    fingerprint: str = ""  # of its model (``dipsjax.runtime.client.model_fingerprint``)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,18 +25,23 @@ A push is ``PUSH`` frames (one per tensor) then ``END``; the server answers ``AC
 if every frame was whole and checked, and only then hands the tensors to its handler: no
 partial data enters a round. A pull is one ``PULL`` frame (the version wanted, -1 for the
 newest) answered by ``DATA`` frames and ``END``. Errors come back as an ``ERROR`` frame
-whose body is a UTF-8 message; a malformed header closes that connection only. Both ends
+whose body is a UTF-8 message and whose ``tensor`` field says whether sending again may
+help (0: the transfer broke, e.g. a checksum) or not (``REFUSED``: the receiver will not
+take this push, e.g. a replay or a wrong shape); a malformed header closes that connection
+only. The server counts every refusal by kind (``DataPlaneServer.refused``). Both ends
 overlap serialization with sending: an encoder thread fills a bounded queue while the
 socket drains it, and a reader thread fills one while a decoder checks and decodes.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import queue
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -59,6 +64,7 @@ CODECS = ("fp32", "bf16", "int8", "int4")
 DTYPES = ("float32",)
 MAX_NDIM = 8
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: one tensor of 512M float32 values
+REFUSED = 1  # an ERROR frame's ``tensor`` field: the push itself is refused (no retry)
 
 _HEAD = struct.Struct("<4sBBBBqiiqIIQQQ")
 _HEAD_CRC = struct.Struct("<I")
@@ -70,7 +76,12 @@ class FrameError(ValueError):
 
 
 class TransferError(RuntimeError):
-    """The other end refused a transfer (its ``ERROR`` message is the text)."""
+    """The other end refused a transfer (its ``ERROR`` message is the text); ``refused``:
+    it will refuse the same push again (sending it again cannot help)."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,9 +321,10 @@ def send_frame(sock: socket.socket, header: Header, payload: Any = b"", scales: 
     return len(head) + len(payload) + len(scales)
 
 
-def _send_error(sock: socket.socket, message: str) -> None:
+def _send_error(sock: socket.socket, message: str, refused: bool = False) -> None:
     with contextlib.suppress(OSError):
-        send_frame(sock, Header(ERROR, codec="fp32"), message.encode())
+        header = Header(ERROR, codec="fp32", tensor=REFUSED if refused else 0)
+        send_frame(sock, header, message.encode())
 
 
 def _pipelined(items: Iterable[Any], fn: Callable[[Any], Any], depth: int = 2) -> Iterator[Any]:
@@ -373,13 +385,19 @@ class DataPlaneServer:
         port: int = 0,
         max_frame: int = DEFAULT_MAX_FRAME,
         pull_codec: str = "bf16",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.on_push = on_push
+        self.ssl_context = ssl_context
         self.on_pull = on_pull
         self.max_frame = max_frame
         self.pull_codec = pull_codec
         self.stats = {"pushes": 0, "pulls": 0, "bytes_in": 0, "bytes_out": 0, "errors": 0}
         self.errors: list[str] = []
+        # Refusals by kind: tls, frame (malformed, truncated, oversized), checksum, and the
+        # push handler's (its ValueError's ``kind``, else "push"); pulls refused: "pull".
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.on_refusal: Callable[[str, str], None] | None = None  # (kind, message)
         self._lock = threading.Lock()
         self._sock = socket.create_server((host, port))
         self.address = self._sock.getsockname()[:2]
@@ -392,11 +410,18 @@ class DataPlaneServer:
         with self._lock:
             self.stats[key] += n
 
-    def _error(self, sock: socket.socket, message: str) -> None:
+    def _error(
+        self, sock: socket.socket | None, kind: str, message: str, refused: bool = False
+    ) -> None:
         with self._lock:
             self.stats["errors"] += 1
+            self.refused[kind] += 1
             self.errors.append(message)
-        _send_error(sock, message)
+            del self.errors[:-100]  # the newest hundred
+        if self.on_refusal is not None:
+            self.on_refusal(kind, message)
+        if sock is not None:
+            _send_error(sock, message, refused)
 
     def _serve(self) -> None:
         while not self._closed.is_set():
@@ -410,6 +435,15 @@ class DataPlaneServer:
             self._threads.append(t)
 
     def _connection(self, sock: socket.socket) -> None:
+        if self.ssl_context is not None:
+            try:  # in this connection's thread: a slow or bad handshake holds no one else
+                sock.settimeout(30.0)
+                sock = self.ssl_context.wrap_socket(sock, server_side=True)
+                sock.settimeout(None)
+            except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+                self._error(None, "tls", f"TLS handshake refused: {e}")
+                sock.close()
+                return
         with sock:
             try:
                 while not self._closed.is_set():
@@ -421,20 +455,20 @@ class DataPlaneServer:
                     except FrameError as e:
                         if "closed after 0 of" in str(e):
                             return  # the peer hung up between frames
-                        self._error(sock, str(e))
+                        self._error(sock, "frame", str(e))
                         return
                     self._count("bytes_in", len(payload) + len(scales))
                     if header.kind == PUSH:
                         self._push(sock, header, payload, scales, problem)
                     elif problem is not None:
-                        self._error(sock, problem)
+                        self._error(sock, "checksum", problem)
                     elif header.kind == PULL:
                         self._pull(sock, header)
                     else:
-                        self._error(sock, f"unexpected {KINDS[header.kind]} frame")
+                        self._error(sock, "frame", f"unexpected {KINDS[header.kind]} frame")
                         return
             except FrameError as e:  # malformed mid-push: nothing was staged
-                self._error(sock, str(e))
+                self._error(sock, "frame", str(e))
             except OSError:
                 return
 
@@ -445,6 +479,7 @@ class DataPlaneServer:
         read, and hands it over only if every frame was whole and consistent."""
         key = (first.round_id, first.learner, first.incarnation, first.version)
         problems: list[str] = [] if problem is None else [problem]
+        kinds: list[tuple[str, bool]] = [] if problem is None else [("checksum", False)]
 
         def frames() -> Iterator[tuple[Header, Any, Any]]:
             yield first, payload, scales
@@ -453,6 +488,7 @@ class DataPlaneServer:
                     frame = read_frame(sock, self.max_frame)
                 except ChecksumError as e:
                     problems.append(str(e))
+                    kinds.append(("checksum", False))
                     continue  # the stream is still in sync: read on, refuse at END
                 header = frame[0]
                 self._count("bytes_in", header.payload_len + header.scales_len)
@@ -462,12 +498,14 @@ class DataPlaneServer:
                     raise FrameError(f"{KINDS[header.kind]} frame inside a push")
                 if (header.round_id, header.learner, header.incarnation, header.version) != key:
                     problems.append("a push mixes frames of different rounds or learners")
+                    kinds.append(("frame", True))
                 yield frame
 
         tensors: dict[int, np.ndarray] = {}
         for header, body, sc in _pipelined(frames(), lambda f: f):  # read ahead in a thread
             if header.tensor in tensors:
                 problems.append(f"a push sends tensor {header.tensor} twice")
+                kinds.append(("frame", True))
             elif not problems:
                 tensors[header.tensor] = decode_tensor(header, body, sc, widen=False)
         if not problems:
@@ -475,8 +513,10 @@ class DataPlaneServer:
                 self.on_push(*key, tensors)
             except ValueError as e:
                 problems.append(str(e))
+                kinds.append((getattr(e, "kind", "push"), True))
         if problems:
-            self._error(sock, problems[0])
+            kind, refused = kinds[0]
+            self._error(sock, kind, problems[0], refused)
             return
         self._count("pushes")
         send_frame(sock, Header(ACK, codec="fp32", tensor=len(tensors)))
@@ -485,7 +525,7 @@ class DataPlaneServer:
         try:
             version, tensors = self.on_pull(request.version)
         except (KeyError, ValueError) as e:
-            self._error(sock, f"pull of version {request.version}: {e}")
+            self._error(sock, "pull", f"pull of version {request.version}: {e}", refused=True)
             return
         codec = request.codec or self.pull_codec
 
@@ -512,13 +552,55 @@ class DataPlaneServer:
 # -------------------------------------------------------------------------- client
 
 
+class Throttled:
+    """A socket whose transfers are held to ``rate`` bytes a second each way (fault
+    injection: a slow link), in 64 KiB steps."""
+
+    STEP = 1 << 16
+
+    def __init__(self, sock: Any, rate: float) -> None:
+        if rate <= 0:
+            raise ValueError(f"link rate must be > 0 bytes/s, got {rate}")
+        self.sock, self.rate = sock, rate
+        self._due = {"send": 0.0, "recv": 0.0}
+
+    def _spend(self, way: str, n: int) -> None:
+        now = time.monotonic()
+        self._due[way] = max(self._due[way], now) + n / self.rate
+        if self._due[way] > now:
+            time.sleep(self._due[way] - now)
+
+    def sendall(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        for i in range(0, len(view), self.STEP):
+            chunk = view[i : i + self.STEP]
+            self._spend("send", len(chunk))
+            self.sock.sendall(chunk)
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        k = self.sock.recv_into(buffer, min(nbytes or len(buffer), self.STEP))
+        self._spend("recv", k)
+        return k
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
 class DataPlaneClient:
     """A learner's connection to one follower's data plane."""
 
     def __init__(
-        self, address: tuple[str, int], *, timeout: float = 60.0, connect_timeout: float = 60.0
+        self,
+        address: tuple[str, int],
+        *,
+        timeout: float = 60.0,
+        connect_timeout: float = 60.0,
+        ssl_context: ssl.SSLContext | None = None,
+        rate: float | None = None,
     ) -> None:
         self.address = tuple(address)
+        self.ssl_context = ssl_context
+        self.rate = rate  # bytes/s each way (fault injection: a slow link); None: no limit
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
@@ -535,7 +617,13 @@ class DataPlaneClient:
                         raise
                     time.sleep(0.2)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = sock
+            if self.ssl_context is not None:
+                try:
+                    sock = self.ssl_context.wrap_socket(sock, server_hostname=self.address[0])
+                except OSError:
+                    sock.close()
+                    raise
+            self._sock = sock if self.rate is None else Throttled(sock, self.rate)
         return self._sock
 
     def close(self) -> None:
@@ -546,7 +634,8 @@ class DataPlaneClient:
     def _reply(self, sock: socket.socket) -> tuple[Header, Any, Any]:
         header, payload, scales = read_frame(sock)
         if header.kind == ERROR:
-            raise TransferError(bytes(payload).decode(errors="replace"))
+            message = bytes(payload).decode(errors="replace")
+            raise TransferError(message, refused=header.tensor == REFUSED)
         return header, payload, scales
 
     def push(

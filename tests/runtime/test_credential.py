@@ -1,8 +1,11 @@
-"""The control plane lets in only the job's credential holders (a real leader process)."""
+"""Only the job's credential holders get in: TLS with the job's certificates on the control
+plane (a real leader process) plus the job token on every call."""
 
 import dataclasses
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime import credentials
+from dipsjax.runtime.client import ControlClient, ControlError
 from dipsjax.runtime.run import make_spec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m
@@ -21,7 +25,6 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture
 def leader(tmp_path):
     spec = make_spec(SimConfig(learners=2, followers=1), tmp_path / "run")
-    (tmp_path / "run").mkdir(parents=True, exist_ok=True)
     spec.write(tmp_path / "run" / "spec.json")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(tmp_path / "run" / "spec.json")]
@@ -31,24 +34,120 @@ def leader(tmp_path):
     proc.wait(30)
 
 
-def test_a_client_without_the_job_credential_can_neither_join_nor_watch_nor_beat(leader):
-    spec = leader
-    outsider = ControlClient(dataclasses.replace(spec, token="not-the-job-token"), learner=0)
+def _refused(client: ControlClient, timeout: float) -> set[grpc.StatusCode]:
+    """The status codes of a join, a heartbeat, a chunk request, a watch and a status read."""
+    codes = set()
     for event in (m.Join(0.0, 0), m.Heartbeat(0.0, 0), m.ChunkRequested(0.0, 0)):
         with pytest.raises(grpc.RpcError) as e:
-            outsider.call(event, timeout=20)
-        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            client.call(event, timeout=timeout)
+        codes.add(e.value.code())
+    with pytest.raises(grpc.RpcError) as e:
+        client.status(timeout=timeout)
+    codes.add(e.value.code())
+    return codes
+
+
+def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_status(
+    leader, tmp_path
+):
+    spec = leader
+    # 1. Another job's certificates and token: the TLS handshake fails, nothing is called.
+    other = credentials.create(tmp_path / "other")
+    stranger = ControlClient(dataclasses.replace(spec, credentials=other.directory), learner=0)
+    assert _refused(stranger, 1) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+    # 2. No TLS at all: the server speaks only TLS.
+    plain = ControlClient(dataclasses.replace(spec, tls=False), learner=0)
+    assert _refused(plain, 1) <= {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+    # 3. The job's certificates (say a copied one) but not its token: refused on every call.
+    stolen = tmp_path / "stolen"
+    stolen.mkdir()
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        shutil.copy(Path(spec.credentials) / name, stolen / name)
+    (stolen / "token").write_text("f" * 64)
+    outsider = ControlClient(dataclasses.replace(spec, credentials=str(stolen)), learner=0)
+    assert _refused(outsider, 20) == {grpc.StatusCode.UNAUTHENTICATED}
     with pytest.raises(grpc.RpcError) as e:
         next(iter(outsider.watch()))
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert spec.token not in str(e.value)  # the secret is never echoed
     # The leader's state did not change: the real learner 0 joins as the first one.
     member = ControlClient(spec, learner=0)
-    assert member.call(m.Join(0.0, 0), timeout=20) == []
+    status = member.status()
+    assert status["members"] == []
+    assert status["refused"] == {"unauthenticated": 3 + 1 + 1}  # 3 calls, status, watch
+    # A learner with another model is refused before any tensor moves, and counted.
+    (refusal,) = member.call(m.Join(0.0, 0, fingerprint="0123456789abcdef"), timeout=20)
+    assert isinstance(refusal, m.Refuse) and "fingerprint 0123456789abcdef" in refusal.reason
+    # A malformed message gets a clear error, is counted, and changes nothing.
+    from dipsjax.transport.proto import syncer_pb2
+
+    reply = member.stub.Call(syncer_pb2.Envelope(job_token=spec.token), timeout=20)
+    assert "malformed message" in reply.error and "no message" in reply.error
+    with pytest.raises(ControlError, match="not an event"):
+        member.call(m.Evict(0, "forged"), timeout=20)  # an action sent as if an event
+    # A push from a learner that never joined: refused (on learner 9's stream), counted.
+    assert member.call(m.PushRequested(0.0, 9, m.PushMeta(1, 1, 0)), timeout=20) == []
+    status = member.status()
+    assert status["members"] == []
+    assert status["refused"] == {
+        "unauthenticated": 5,
+        "fingerprint": 1,
+        "malformed": 2,
+        "unknown": 1,
+    }
+    assert member.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=20) == []
     actions = member.watch()
     assert isinstance(next(iter(actions)), m.SendModel)
+    assert member.status()["members"] == [0]
     tape = Path(spec.run_dir) / "tape.jsonl"
     joins = [x for x in tape.read_text().splitlines() if '"join"' in x]
     assert len(joins) == 1
-    outsider.close()
+    for c in (stranger, plain, outsider, member):
+        c.close()
+
+
+def test_the_credentials_command_writes_private_files_and_never_overwrites(tmp_path):
+    from dipsjax.cli import main
+
+    d = tmp_path / "creds"
+    assert main(["credentials", str(d), "--hosts", "localhost,10.1.2.3,node7"]) == 0
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    for name, mode in (("key.pem", 0o600), ("token", 0o600), ("ca.pem", 0o644)):
+        assert stat.S_IMODE((d / name).stat().st_mode) == mode, name
+    from cryptography import x509
+
+    cert = x509.load_pem_x509_certificate((d / "cert.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert san.get_values_for_type(x509.DNSName) == ["localhost", "node7"]
+    assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["10.1.2.3"]
+    ca = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)  # signed by the job's own CA
+    token = (d / "token").read_text()
+    assert len(token) == 64 and token not in repr(credentials.load(d))
+    with pytest.raises(SystemExit) as e:  # a second call would replace a live job's keys
+        main(["credentials", str(d)])
+    assert e.value.code == 2
+    assert (d / "token").read_text() == token
+    (d / "token").unlink()
+    with pytest.raises(FileNotFoundError, match="lacks token"):
+        credentials.load.__wrapped__(d)
+
+
+def test_a_learner_built_for_another_model_is_refused_at_join_and_not_restarted(leader, tmp_path):
+    """A real learner process whose model differs from the job's (its config says
+    ``small``, the job's ``tiny``) is refused before any tensor moves and exits with
+    REFUSED_EXIT, which the launcher does not restart; the leader counts it."""
+    from dipsjax.runtime.spec import REFUSED_EXIT
+
+    spec = leader
+    wrong = dataclasses.replace(spec, sim=dataclasses.replace(spec.sim, model="small"))
+    wrong.write(tmp_path / "wrong.json")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    cmd = [sys.executable, "-m", "dipsjax.runtime.learner", str(tmp_path / "wrong.json"), "0"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == REFUSED_EXIT, out.stdout + out.stderr
+    assert f"is not the job's {spec.fingerprint}" in out.stdout
+    member = ControlClient(spec, learner=0)
+    status = member.status()
+    assert status["refused"] == {"fingerprint": 1} and status["members"] == []
     member.close()

@@ -76,8 +76,10 @@ def _finish(launcher, run):
     return json.loads((run / "summary.json").read_text())
 
 
-def _check_run(run, sim, summary):
-    """The invariants every faulted run must keep, each side counted on its own."""
+def _check_run(run, sim, summary, reported_before=0, after=0):
+    """The invariants every faulted run must keep, each side counted on its own
+    (``reported_before``, ``after``: the tokens and version of the snapshot a run was
+    started from; its learners' and followers' own records begin there)."""
     tape = EventTape.read(run / "tape.jsonl")
     rounds = tape.round_records()
     applied = [r for r in rounds if r.applied]
@@ -101,7 +103,7 @@ def _check_run(run, sim, summary):
     # Tokens: what learners reported (their own files, across incarnations) equals what the
     # leader booked, which equals applied + rejected + dropped; the budget was reached.
     tokens = summary["leader_tokens"]
-    reported = sum(
+    reported = reported_before + sum(
         json.loads((run / f"learner{j}" / "reported.json").read_text())["tokens"]
         for j in range(sim.learners)
     )
@@ -114,7 +116,8 @@ def _check_run(run, sim, summary):
         [json.loads(x) for x in (run / f"follower{k}" / "decisions.jsonl").read_text().splitlines()]
         for k in range(sim.followers)
     ]
-    assert all([d["version"] for d in log] == [r.version for r in applied] for log in logs)
+    versions = [r.version for r in applied if r.version > after]
+    assert all([d["version"] for d in log] == versions for log in logs)
     version, params = final_params(run)
     assert version == len(applied)
     assert tree_equal(replay(sim, tape), params)
@@ -284,3 +287,34 @@ def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path)
     members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 2]
     assert [r for r in members if r["event"] == "join" and r.get("incarnation") == 1]
     assert "evicted (missed heartbeats)" in (run / "logs" / "learner2.log").read_text()
+
+
+def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
+    """``dipsjax snapshot`` copies the leader's metadata and every follower's shard at one
+    version while the job trains; a fresh set of processes (new ports, new incarnations
+    of the learners) started from it reaches the budget with the books balanced, every
+    chunk trained once, versions continuing from the snapshot's, and a tape that replays
+    from version 0 to the final parameters: the copied shards agree with the tape."""
+    from dipsjax.runtime import snapshot
+    from dipsjax.runtime.run import launch, resumable
+
+    sim = _sim(learners=2, speeds=(1, 1.3), token_budget=2 * 12 * 512 * 16)
+    run = tmp_path / "run"
+    launcher = _start(make_spec(sim, run), tmp_path)
+    _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)
+    taken = snapshot.take(run, tmp_path / "snap")
+    _finish(launcher, run)  # the original run goes on to its end, undisturbed
+    v = taken["version"]
+    assert v >= 2 and taken["followers"] == 2
+    fresh = tmp_path / "snap"
+    summary = launch(resumable(fresh), resume=True, timeout=400, progress=False, evaluate=False)
+    tape = _check_run(fresh, sim, summary, taken["tokens"]["reported"], after=v)
+    (resumed,) = [r for r in tape.records if r["kind"] == "resume"]
+    assert resumed["version"] == v
+    for k in range(2):
+        assert f"resumed at version {v}" in (fresh / "logs" / f"follower{k}.log").read_text()
+    # Every learner came back as a new incarnation, and nobody needed a restart.
+    joins = [r for r in tape.records if r["kind"] == "membership" and r["event"] == "join"]
+    assert sorted(r["learner"] for r in joins if r["incarnation"] >= 1) == [0, 1]
+    assert not (fresh / "restarts.jsonl").exists()
+    assert max(r.version for r in tape.round_records() if r.applied) > v

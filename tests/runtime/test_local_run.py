@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,20 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
         )
     if sim.overlap:  # learners trained on while their pushes were in flight
         assert any(not p.meta.pulled for r in tape.round_records() for p in r.participants)
+    _assert_no_secret_outside_the_credentials(spec)
+
+
+def _assert_no_secret_outside_the_credentials(spec):
+    """No file the run wrote (logs, tapes, checkpoints, spec, tensorboard) holds the job
+    token or the key; only ``spec.credentials`` does."""
+    creds = Path(spec.credentials)
+    secrets = [spec.token.encode(), (creds / "key.pem").read_bytes().splitlines()[1]]
+    files = [p for p in Path(spec.run_dir).rglob("*") if p.is_file() and creds not in p.parents]
+    assert len(files) > 20 and any(p.name == "tape.jsonl" for p in files)
+    for p in files:
+        data = p.read_bytes()
+        for secret in secrets:
+            assert secret not in data, f"{p} holds a secret"
 
 
 def test_ctrl_c_stops_every_process_within_seconds(tmp_path):
@@ -114,6 +129,10 @@ def test_ctrl_c_stops_every_process_within_seconds(tmp_path):
 
 
 def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_round(tmp_path):
+    """Also a stale upsize (seed 003): the late learner's link is slow (a fault injection
+    of 150 kB/s), so its first pull takes seconds; the others go on applying versions
+    meanwhile, and it starts from the version it was sent, stale by then, without
+    blocking anyone."""
     import dataclasses
 
     from dipsjax.syncer.tape import EventTape
@@ -127,7 +146,9 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
         joins=((2, 12.0),),  # learner 2 starts 12 s after the others
     )
     # Slow updates (each follower waits 0.7 s before applying) so that pushes land in them.
-    spec = dataclasses.replace(make_spec(sim, tmp_path / "run", 1.0), apply_delay=0.7)
+    spec = dataclasses.replace(
+        make_spec(sim, tmp_path / "run", 1.0), apply_delay=0.7, link_rates=((2, 150e3),)
+    )
     summary = launch(spec, timeout=400, progress=False, evaluate=False)
     tape = EventTape.read(tmp_path / "run" / "tape.jsonl")
     rounds = tape.round_records()
@@ -143,6 +164,16 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
     first = min(mine, key=lambda p: p.pushed_at)
     assert first.pushed_at > active["t"]
     assert first.meta.pulled and first.meta.base_version == active["pulled_version"]
+    # Stale upsize: while its pull ran (about 3.5 s at 150 kB/s for 527 kB of FP32), the
+    # others' rounds went on (versions applied between its join and its first push), and
+    # its first push, from the stale version, was taken into a round.
+    assert active["t"] - join["t"] > 2.0
+    applied_meanwhile = [
+        r for r in rounds if r.applied and join["t"] < r.timings["ended"] < active["t"]
+    ]
+    assert applied_meanwhile, [(r.version, r.timings["ended"]) for r in rounds]
+    (taken,) = [r for r in rounds if any(p is first for p in r.participants)]
+    assert first.staleness >= 1 and taken.round_id >= 1
     # It contributed: its pushes went into applied rounds (the anomaly penalty judges them).
     assert any(p.learner == 2 for r in rounds if r.applied for p in r.participants), [
         (r.round_id, [p.learner for p in r.participants]) for r in rounds

@@ -273,4 +273,34 @@ def test_a_dead_incarnations_late_shard_never_replaces_the_new_ones():
     np.testing.assert_array_equal(f._staged[(4, 1)][("w",)], np.full((2, 2), 3.0))
     f.discard(4)
     assert f._staged == {} and f._incarnations == {}
-    f.receive(4, 1, {"w": np.ones((2, 2))}, incarnation=0)  # a later round id reuse is fine
+
+
+def test_replayed_and_duplicate_pushes_are_refused_by_kind_and_change_nothing():
+    """A push for a round whose norms were taken or that ended is a replay; the same
+    incarnation's push again is a retry if equal (acknowledged, nothing changes) and
+    refused if it differs. Before, each silently replaced or re-staged a shard: a
+    duplicate arriving after the norms would have made the merge use other values."""
+    from dipsjax.syncer.follower import PushRefused
+
+    f = Follower(0, {"w": np.zeros((2, 2), np.float32)}, outer.diloco(), capacity=2)
+    one, two = {"w": np.ones((2, 2))}, {"w": np.full((2, 2), 2.0)}
+    assert f.receive(0, 1, one) == "staged"
+    assert f.receive(0, 1, {"w": np.ones((2, 2))}) == "duplicate"  # a retry: equal
+    with pytest.raises(PushRefused, match="already pushed other values") as e:
+        f.receive(0, 1, two)
+    assert e.value.kind == "duplicate"
+    np.testing.assert_array_equal(f._staged[(0, 1)][("w",)], one["w"])
+    assert f.partial_norms(0, (1,)).tolist() == [4.0]
+    with pytest.raises(PushRefused, match="round 0 has already taken its norms") as e:
+        f.receive(0, 1, two)
+    assert e.value.kind == "replayed" and (0, 1) not in f._staged
+    assert f.partial_norms(0, (1,)).tolist() == [4.0]  # the round's batch is unchanged
+    f.discard(0)
+    with pytest.raises(PushRefused, match="round 0 has ended") as e:
+        f.receive(0, 1, one)
+    assert e.value.kind == "replayed" and f._staged == {}
+    for bad, kind in (({"w": np.ones((3, 2))}, "shape"), ({"v": np.ones((2, 2))}, "layout")):
+        with pytest.raises(PushRefused) as e:
+            f.receive(1, 1, bad)
+        assert e.value.kind == kind
+    assert f.receive(1, 1, one) == "staged"  # still serving

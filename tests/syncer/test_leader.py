@@ -291,7 +291,7 @@ def test_the_balance_test_fails_when_a_refused_push_is_lost(monkeypatch):
     leader.handle(push(0.5, 0, 7, 1, 0))  # refused: a push of learner 0 is pending
     tot = totals(leader)
     assert tot["applied"] + tot["rejected"] + tot["dropped"] + tot["outstanding"] == 17
-    monkeypatch.setattr(Leader, "_refuse", lambda self, ev, why: [L.Refuse(ev.learner, why)])
+    monkeypatch.setattr(Leader, "_refuse", lambda self, ev, kind, why: [L.Refuse(ev.learner, why)])
     lossy = Leader(LeaderConfig(penalty=False), NoGrace())
     join_all(lossy, 1)
     lossy.handle(push(0.0, 0, 10, 1, 0))
@@ -828,3 +828,69 @@ def test_min_active_makes_the_first_round_wait_for_every_worker():
     leader.handle(push(2.0, 1, 10, 1, 0))
     leader.handle(L.TransferDone(2.1, 1, 0))
     assert leader.round.learners == (0, 1) and leader.phase.value == "norms"
+
+
+@pytest.mark.parametrize("method", ["dips", "decoupled", "sync_diloco", "naive_async"])
+def test_a_non_finite_pseudo_gradient_is_rejected_and_counted_under_every_method(method):
+    """Learner 0 sends NaN, learner 1 +inf (one at a time where a round takes one): each
+    is rejected whatever the method, counted as ``nonfinite``, and its tokens are booked
+    rejected; the finite push is applied, so nothing else changes."""
+    from dipsjax.syncer import methods
+
+    parts = methods.build(method, methods.MethodSettings(learners=3, heartbeat_interval=1e6))
+    leader = Leader(parts.leader, parts.grace)
+    join_all(leader, 3)
+    bad = {0: float("nan"), 1: float("inf")}
+    for j in range(3):
+        leader.handle(push(0.0, j, 10 + j, 1, 0))
+    decided, t = [], 0.0
+    while leader.round is not None:  # rounds take what arrived, as each method does
+        t += 100.0
+        leader.handle(L.Tick(t))  # a grace window closes
+        rnd = leader.round
+        acts = []
+        for p in list(rnd.pushes):
+            acts += leader.handle(L.TransferDone(t, p.learner, rnd.round_id))
+        (req,) = [a for a in acts if isinstance(a, L.RequestNorms)]
+        norms = tuple(bad.get(j, 1.0) for j in req.learners)
+        acts = leader.handle(L.FollowerNorms(t, 0, rnd.round_id, norms))
+        if any(isinstance(a, L.Decide) for a in acts):
+            (apply,) = leader.handle(L.FollowerMerged(t, 0, rnd.round_id, 0.25))
+            acts = leader.handle(L.FollowerApplied(t, 0, rnd.round_id, apply.version))
+        else:  # nothing accepted: the round is skipped, its learners pull
+            assert kinds(acts)[:1] == ["Discard"]
+        (notify,) = [a for a in acts if isinstance(a, L.NotifyPull)]
+        for j in notify.learners:
+            leader.handle(L.PullDone(t, j, leader.version))
+        decided += list(zip(req.learners, leader.tape.round_records()[-1].accepted, strict=True))
+    assert sorted(decided) == [(0, False), (1, False), (2, True)]
+    assert leader.refused["nonfinite"] == 2
+    assert totals(leader) == {
+        "reported": 33,
+        "applied": 12,
+        "rejected": 21,
+        "dropped": 0,
+        "outstanding": 0,
+    }
+    assert leader.version == 1  # only the finite push moved the model
+
+
+def test_refusals_are_counted_by_kind_and_survive_a_snapshot():
+    leader = Leader(LeaderConfig(fingerprint="abc"), NoGrace())
+    assert kinds(leader.handle(L.Join(0.0, 0, fingerprint="abc"))) == ["SendModel"]
+    assert kinds(leader.handle(L.Join(0.0, 1, fingerprint="other"))) == ["Refuse"]
+    assert 1 not in leader.members
+    assert kinds(leader.handle(push(1.0, 0, 10, 1, 0))) == ["Refuse"]  # must pull first
+    leader.handle(L.PullDone(1.0, 0, 0))
+    assert kinds(leader.handle(push(1.0, 5, 10, 1, 0))) == ["Refuse"]  # unknown
+    assert kinds(leader.handle(push(1.0, 0, -1, 1, 0))) == ["Refuse"]  # invalid
+    assert kinds(leader.handle(push(1.0, 0, 10, 1, 0, incarnation=3))) == ["Refuse"]
+    assert dict(leader.refused) == {
+        "fingerprint": 1,
+        "inactive": 1,
+        "unknown": 1,
+        "invalid": 1,
+        "incarnation": 1,
+    }
+    again = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    assert again.refused == leader.refused

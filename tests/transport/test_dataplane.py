@@ -59,13 +59,49 @@ def test_push_and_pull_carry_exactly_what_the_codec_gives(follower, codec):
 
 def test_refusals_reach_the_sender_and_the_server_keeps_serving(follower):
     client = dp.DataPlaneClient(follower.server.address)
-    with pytest.raises(dp.TransferError, match="not kept"):
+    with pytest.raises(dp.TransferError, match="not kept") as e:
         client.pull(9)
-    with pytest.raises(dp.TransferError, match="wrong shape"):
+    assert e.value.refused  # asking again cannot help
+    with pytest.raises(dp.TransferError, match="wrong shape") as e:
         client.push(0, 1, 0, 0, [(0, np.zeros((2, 2), np.float32))])
+    assert e.value.refused
     assert follower.pushes == {} and follower.server.stats["errors"] == 2
+    assert follower.server.refused == {"pull": 1, "push": 1}
     client.push(1, 1, 0, 0, PARAMS.items())
     assert (1, 1) in follower.pushes
+
+
+def test_refusals_are_counted_by_kind_and_only_broken_transfers_may_be_retried(follower):
+    """A handler's refusal carries its ``kind``; a checksum mismatch is a broken transfer
+    (sending again may help), a refusal is final: the learner does not retry it."""
+
+    class Replayed(ValueError):
+        kind = "replayed"
+
+    def refuse(*args):
+        raise Replayed("round 3 has ended")
+
+    seen = []
+    follower.server.on_refusal = lambda kind, message: seen.append((kind, message))
+    follower.server.on_push = refuse
+    with pytest.raises(dp.TransferError, match="round 3 has ended") as e:
+        dp.DataPlaneClient(follower.server.address).push(3, 1, 0, 0, PARAMS.items())
+    assert e.value.refused
+    sock = _raw(follower.server.address)  # a body whose checksum does not match
+    header, payload = _frame(0, PARAMS[0], round_id=2, learner=3)
+    header = dp.dataclasses.replace(header, payload_len=len(payload), crc=1)
+    sock.sendall(header.pack() + payload)
+    dp.send_frame(sock, dp.Header(dp.END, "fp32"))
+    reply, _, _ = dp.read_frame(sock)
+    assert reply.kind == dp.ERROR and reply.tensor != dp.REFUSED
+    sock.close()
+    raw = _raw(follower.server.address)
+    raw.sendall(b"\0" * 128)  # not a frame
+    dp.read_frame(raw)
+    raw.close()
+    assert follower.server.refused == {"replayed": 1, "checksum": 1, "frame": 1}
+    assert [k for k, _ in seen] == ["replayed", "checksum", "frame"]
+    assert seen[0][1] == "round 3 has ended"
 
 
 def _raw(address):
@@ -318,3 +354,61 @@ def test_fuzz_the_server_with_mutated_pushes_it_stages_nothing_bad_and_keeps_ser
     client.push(99, 5, 0, 0, [(1, PARAMS[1])])
     client.close()
     assert (99, 5) in fuzzed.pushes
+
+
+# ----------------------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    from dipsjax.runtime import credentials
+
+    root = tmp_path_factory.mktemp("creds")
+    return credentials.create(root / "job"), credentials.create(root / "other")
+
+
+def test_over_tls_a_job_client_pushes_and_pulls_exactly_and_outsiders_are_refused(job):
+    mine, other = job
+    f = Follower(ssl_context=mine.ssl_server())
+    try:
+        client = dp.DataPlaneClient(f.server.address, ssl_context=mine.ssl_client())
+        client.push(3, 1, 0, 0, PARAMS.items())
+        assert sorted(f.pushes[3, 1][2]) == sorted(PARAMS)
+        version, pulled = client.pull(codec="fp32")
+        assert version == 5
+        for i, x in PARAMS.items():
+            np.testing.assert_array_equal(pulled[i], x)
+        client.close()
+        refused = 0
+        # 1. Plain TCP: the server takes our frames for a TLS handshake and refuses it.
+        with pytest.raises((dp.FrameError, OSError)):
+            dp.DataPlaneClient(f.server.address, timeout=10).push(4, 2, 0, 0, PARAMS.items())
+        refused += 1
+        # 2. TLS with another job's certificates: neither side trusts the other.
+        with pytest.raises(OSError):
+            dp.DataPlaneClient(f.server.address, ssl_context=other.ssl_client()).pull()
+        refused += 1
+        # 3. TLS that trusts the job's CA but shows no client certificate.
+        import ssl
+
+        anonymous = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        anonymous.load_verify_locations(cadata=mine.ca.decode())
+        with pytest.raises((dp.FrameError, OSError)):
+            dp.DataPlaneClient(f.server.address, ssl_context=anonymous, timeout=10).push(
+                5, 3, 0, 0, PARAMS.items()
+            )
+        refused += 1
+        for _ in range(50):  # the server counts each refusal in its own thread
+            if f.server.stats["errors"] >= refused:
+                break
+            threading.Event().wait(0.05)
+        assert f.server.stats["errors"] == refused
+        assert all(e.startswith("TLS handshake refused") for e in f.server.errors)
+        assert list(f.pushes) == [(3, 1)]  # nothing from an outsider was staged
+        # ...and the server still serves the job's clients.
+        again = dp.DataPlaneClient(f.server.address, ssl_context=mine.ssl_client())
+        again.push(6, 1, 0, 0, PARAMS.items())
+        again.close()
+        assert (6, 1) in f.pushes
+    finally:
+        f.server.close()

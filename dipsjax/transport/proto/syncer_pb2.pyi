@@ -7,16 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Join(_message.Message):
-    __slots__ = ("t", "learner", "incarnation", "resume")
+    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     incarnation: int
     resume: bool
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
+    fingerprint: str
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ...) -> None: ...
 
 class Leave(_message.Message):
     __slots__ = ("t", "learner")
@@ -389,3 +391,15 @@ class WatchRequest(_message.Message):
     follower: int
     incarnation: int
     def __init__(self, job_token: _Optional[str] = ..., learner: _Optional[int] = ..., follower: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("job_token",)
+    JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    job_token: str
+    def __init__(self, job_token: _Optional[str] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...

@@ -45,6 +45,11 @@ class SyncerStub:
                 request_serializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.WatchRequest.SerializeToString,
                 response_deserializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.Envelope.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/dipsjax.syncer.v1.Syncer/Status',
+                request_serializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusRequest.SerializeToString,
+                response_deserializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusReply.FromString,
+                _registered_method=True)
 
 
 class SyncerServicer:
@@ -65,6 +70,13 @@ class SyncerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """The job's status, for a credential holder.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SyncerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_SyncerServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.WatchRequest.FromString,
                     response_serializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.Envelope.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusRequest.FromString,
+                    response_serializer=dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +151,33 @@ class Syncer:
             '/dipsjax.syncer.v1.Syncer/Watch',
             dipsjax_dot_transport_dot_proto_dot_syncer__pb2.WatchRequest.SerializeToString,
             dipsjax_dot_transport_dot_proto_dot_syncer__pb2.Envelope.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dipsjax.syncer.v1.Syncer/Status',
+            dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusRequest.SerializeToString,
+            dipsjax_dot_transport_dot_proto_dot_syncer__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

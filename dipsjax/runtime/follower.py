@@ -61,7 +61,12 @@ class FollowerNode:
     """Follower ``k`` of a run: numerics, data plane and control client."""
 
     def __init__(
-        self, spec: RunSpec, k: int, resume: int | None = None, init: str = "model"
+        self,
+        spec: RunSpec,
+        k: int,
+        resume: int | None = None,
+        init: str = "model",
+        port: int | None = None,
     ) -> None:
         self.spec, self.k = spec, k
         self.mine = [i for i, owner in enumerate(spec.layer_owner) if owner == k]
@@ -109,13 +114,15 @@ class FollowerNode:
         self.stop = threading.Event()
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"follower{k}"))
         self.control = ControlClient(spec, follower=k)
-        host, port = address(spec.followers[k])
+        host, spec_port = address(spec.followers[k])
+        port = spec_port if port is None else port  # 0: any free one (a replacement)
         self.duplicates = 0
         self.metrics_lock = threading.Lock()
         self.data = DataPlaneServer(
             self.on_push, self.on_pull, host=host, port=port, ssl_context=spec.ssl_server()
         )
         self.data.on_refusal = self._refused
+        self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
@@ -285,7 +292,7 @@ class FollowerNode:
                     self.control.call(m.FollowerLost(0.0, self.k, "restarted"))
                 f = self.follower
                 oldest = min(f.cached_versions())
-                self.control.call(m.FollowerJoined(0.0, self.k, f.version, oldest))
+                self.control.call(m.FollowerJoined(0.0, self.k, f.version, oldest, self.address))
                 return
             except grpc.RpcError:
                 if self.terminating:
@@ -344,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         help="restart from version V's checkpoint, or from the newest ('latest')",
     )
     parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="serve the data plane on this port instead of the spec's (0: any free one); "
+        "the follower announces it, and learners find it through the leader",
+    )
+    parser.add_argument(
         "--init",
         default="model",
         choices=("model", "zeros"),
@@ -355,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         if resume != "latest" and not resume.isdigit():
             parser.error(f"--resume takes a version (>= 0) or 'latest', got {resume!r}")
         resume = -1 if resume == "latest" else int(resume)
-    node = FollowerNode(RunSpec.read(args.spec), args.index, resume, args.init)
+    node = FollowerNode(RunSpec.read(args.spec), args.index, resume, args.init, args.port)
     signal.signal(signal.SIGTERM, node.on_term)  # exits through the finally blocks
     node.run()
     return 0

@@ -207,6 +207,7 @@ class LeaderNode:
             "phase": ld.phase.value,
             "members": sorted(ld.members),
             "followers_up": [k for k, up in sorted(ld.followers_up.items()) if up],
+            "follower_addresses": {str(k): a for k, a in sorted(ld.follower_addresses.items())},
             "learners": learners,
             "tokens": ld.ledger.totals(),
             "budget": ld.config.token_budget,

@@ -102,9 +102,10 @@ class LeaderLost(Exception):
 TRANSFER_ERRORS = (OSError, FrameError, TransferError)
 
 
-def retrying(fn: Any, what: str, patience: float = 60.0) -> Any:
+def retrying(fn: Any, what: str, patience: float = 60.0, on_error: Any = None) -> Any:
     """``fn()``, tried again on transfer errors for ``patience`` seconds: a follower that
-    died comes back on its port (its client reconnects), and the transfer goes through."""
+    died comes back (on its port, or, replaced, on the one ``on_error()`` looks up), and
+    the transfer goes through."""
     deadline = time.monotonic() + patience
     while True:
         try:
@@ -114,6 +115,9 @@ def retrying(fn: Any, what: str, patience: float = 60.0) -> Any:
                 raise  # out of patience, or refused for good (sending again cannot help)
             print(f"{what} failed ({type(e).__name__}: {e}); trying again", flush=True)
             time.sleep(0.5)
+            if on_error is not None:
+                with contextlib.suppress(Exception):  # the leader may be away too
+                    on_error()
 
 
 class LearnerNode:
@@ -153,8 +157,13 @@ class LearnerNode:
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
+        # Connecting gives up after 5 s (``retrying`` tries again, looking up meanwhile
+        # whether a replacement follower took over on another port).
         self.data, self.pull_data = (
-            [DataPlaneClient(address(a), ssl_context=tls, rate=rate) for a in spec.followers]
+            [
+                DataPlaneClient(address(a), ssl_context=tls, rate=rate, connect_timeout=5.0)
+                for a in spec.followers
+            ]
             for _ in range(2)
         )
         self.actions: queue.Queue = queue.Queue()
@@ -268,7 +277,9 @@ class LearnerNode:
         clients = self.data if clients is None else clients
         results = in_parallel(
             lambda k: retrying(
-                lambda: clients[k].pull(version, codec="fp32"), f"pull from follower {k}"
+                lambda: clients[k].pull(version, codec="fp32"),
+                f"pull from follower {k}",
+                on_error=lambda: self.find_follower(k),
             ),
             range(len(clients)),
         )
@@ -297,7 +308,26 @@ class LearnerNode:
             print(f"learner {self.j}: mid-push pause, round {plan.round_id}", flush=True)
             time.sleep(self.spec.push_pause)
             order = order[1:]
-        in_parallel(lambda k: retrying(lambda: one(k), f"push to follower {k}"), order)
+        in_parallel(
+            lambda k: retrying(
+                lambda: one(k), f"push to follower {k}", on_error=lambda: self.find_follower(k)
+            ),
+            order,
+        )
+
+    def find_follower(self, k: int) -> None:
+        """Follower ``k`` did not answer: if the leader knows it at another address (a
+        replacement took over its shard), talk to that one from now on."""
+        moved = self.control.status(timeout=5.0)["follower_addresses"].get(str(k))
+        if moved is None or address(moved) == tuple(self.data[k].address):
+            return
+        print(f"learner {self.j}: follower {k} moved to {moved}", flush=True)
+        for clients in (self.data, self.pull_data):
+            old = clients[k]
+            clients[k] = DataPlaneClient(
+                address(moved), ssl_context=old.ssl_context, rate=old.rate, connect_timeout=5.0
+            )
+            old.close()
 
     def adopt(self, version: int, first: bool, rounds: int = -1) -> None:
         v, params = self.pull(version)
@@ -496,6 +526,9 @@ class LearnerNode:
             if isinstance(reply, m.Refuse):
                 raise JoinRefused(reply.reason)
         send = self.wait_for(m.SendModel)
+        for k in range(len(self.data)):  # a follower may have been replaced before we came
+            with contextlib.suppress(Exception):
+                self.find_follower(k)
         if self.resume:
             record = self.restore(send)
             out = Path(self.spec.run_dir) / f"learner{self.j}"

@@ -172,7 +172,8 @@ class Healer:
         if name == "leader":
             return ["--resume"]
         if name.startswith("follower"):
-            return ["--resume", "latest"]
+            moved = ["--port", "0"] if self.spec.move_followers else []
+            return ["--resume", "latest", *moved]
         return ["--incarnation", str(self.incarnations.get(name, 0))]
 
     def check(self) -> None:

@@ -59,6 +59,10 @@ class RunSpec:
         (norms, merge, apply; a file lock in ``run_dir``), so that only one holds their
         temporaries at a time: what lets the 1B-parameter round fit in 24 GB
         (``round_1b.py``); off by default.
+      move_followers: a follower the launcher restarts serves its data plane on a new port
+        (``--port 0``), as a replacement on another host would (and the old port may be
+        taken by then); it announces the address when it joins, and learners look it up
+        through the leader. Off: the same port.
       checkpoints: followers checkpoint after every outer step and save their shard at the
         end, learners every round (off only for benchmarks, e.g. ``round_1b.py``, and to
         measure what checkpointing costs in ``system.py``).
@@ -78,6 +82,7 @@ class RunSpec:
     push_pause: float = 0.0
     link_rates: tuple[tuple[int, float], ...] = ()
     compute_in_turns: bool = False
+    move_followers: bool = True
     checkpoints: bool = True
     tls: bool = True
     fingerprint: str = ""

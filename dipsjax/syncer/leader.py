@@ -306,6 +306,9 @@ class Leader:
         # when it said so on joining: a follower restarted from a checkpoint holds fewer
         # versions than the cache bound, and pushes older than what it holds are dropped.
         self.follower_oldest: dict[int, int] = {}
+        # Where each follower's data plane is, as it said on joining (a replacement on a
+        # new port or host takes over the shard; learners look it up in the status).
+        self.follower_addresses: dict[int, str] = {}
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
@@ -686,6 +689,8 @@ class Leader:
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.followers_up[ev.follower] = True
+        if ev.address:
+            self.follower_addresses[ev.follower] = ev.address
         if ev.oldest >= 0:
             self.follower_oldest[ev.follower] = ev.oldest
         else:
@@ -1078,6 +1083,7 @@ class Leader:
                 "ledger": self.ledger.to_json(),
                 "data": None if self.data is None else self.data.to_dict(),
                 "followers_up": [[k, v] for k, v in self.followers_up.items()],
+                "follower_addresses": [[k, a] for k, a in self.follower_addresses.items()],
                 "lru": list(self.lru),
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
                 "tokens_taken": self.tokens_taken,
@@ -1141,6 +1147,7 @@ class Leader:
         )
         leader.ledger = TokenLedger.from_json(state["ledger"])
         leader.followers_up = {k: v for k, v in state["followers_up"]}
+        leader.follower_addresses = {k: a for k, a in state.get("follower_addresses", [])}
         leader.lru = tuple(state["lru"])
         leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
         leader.tokens_taken = state["tokens_taken"]

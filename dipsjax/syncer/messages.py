@@ -179,6 +179,7 @@ class FollowerJoined(Event):
     follower: int
     version: int
     oldest: int = -1
+    address: str = ""  # its data plane's ``host:port`` (empty: the one in the job's spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -195,18 +195,22 @@ def _calm(run, learners):
     )
 
 
-def _start_calm(tmp_path, sim):
+def _start_calm(tmp_path, sim, **spec_fields):
     """A launcher running ``sim``, once it is calm: ``(run, spec, launcher)``."""
     run = tmp_path / "run"
-    spec = make_spec(sim, run)
+    spec = dataclasses.replace(make_spec(sim, run), **spec_fields)
     launcher = _start(spec, tmp_path)
     _wait(lambda: _calm(run, sim.learners), "version 2, every learner in, calm", launcher)
     return run, spec, launcher
 
 
-def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoint(tmp_path):
+def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(tmp_path):
+    """The replacement restarts from the newest checkpoint on a new port (the launcher's
+    default, ``move_followers``): it announces its address on joining, and learners that
+    cannot reach the old one find it through the leader and push to it."""
     sim = _sim()
     run, spec, launcher = _start_calm(tmp_path, sim)
+    moved = spec.move_followers
     killed_at = _status(run)["t"]
     _kill(run, "follower1")
     summary = _finish(launcher, run)
@@ -226,6 +230,13 @@ def test_a_follower_killed_is_found_by_heartbeats_and_restarts_from_its_checkpoi
     # the followers' identical decision logs in _check_run say the same).
     log = (run / "logs" / "follower1.log").read_text()
     assert f"follower 1: resumed at version {joined[0]['version']}" in log
+    port = _status(run)["follower_addresses"]["1"].rpartition(":")[2]
+    assert (port == spec.followers[1].rpartition(":")[2]) == (not moved)
+    if moved:  # learners found it, and it served their pushes and pulls from there
+        learners = "".join((run / "logs" / f"learner{j}.log").read_text() for j in range(3))
+        assert f"follower 1 moved to 127.0.0.1:{port}" in learners
+        metrics = json.loads((run / "follower1" / "metrics.json").read_text())
+        assert metrics["pushes"] > 0 and metrics["pulls"] > 0
 
 
 def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp_path):

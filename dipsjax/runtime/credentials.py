@@ -13,8 +13,11 @@ read:
   the leader (in constant time) on each call.
 
 A client without these files can neither connect to the data plane (no TLS handshake) nor
-to the control plane, and a stolen certificate without the token still cannot make a call.
-Only the directory's path goes into ``spec.json``; no secret is logged or put on a tape.
+to the control plane. A stolen certificate and key without the token still cannot make a
+control-plane call; on the data plane the certificate and key are the credential (guard
+``key.pem`` as the token). Only the directory's path goes into ``spec.json``; no secret is
+logged or put on a tape. The certificates are valid for ``days`` (365 by default): a job
+or a snapshot resumed after that needs a fresh set.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 def create(
-    directory: str | Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 30
+    directory: str | Path, hosts: Sequence[str] = DEFAULT_HOSTS, days: int = 365
 ) -> Credentials:
     """Writes a fresh set of credentials into ``directory`` (made, mode 0700; the key and
     token 0600) for processes at ``hosts`` (names or IP addresses); returns them loaded."""
@@ -48,11 +51,11 @@ def create(
     if not hosts:
         raise ValueError("credentials: name at least one host")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o700)
     existing = [f for f in FILES if (directory / f).exists()]
     if existing:
         raise FileExistsError(f"credentials: {directory} already holds {', '.join(existing)}")
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(directory, 0o700)
 
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
@@ -216,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated host names or IP addresses the processes run on "
         f"(default {','.join(DEFAULT_HOSTS)})",
     )
-    parser.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    parser.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
     args = parser.parse_args(argv)
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
     try:

@@ -116,7 +116,7 @@ class FollowerNode:
         self.control = ControlClient(spec, follower=k)
         host, spec_port = address(spec.followers[k])
         port = spec_port if port is None else port  # 0: any free one (a replacement)
-        self.duplicates = 0
+        self.resent = {"duplicate": 0, "replaced": 0}
         self.metrics_lock = threading.Lock()
         self.data = DataPlaneServer(
             self.on_push, self.on_pull, host=host, port=port, ssl_context=spec.ssl_server()
@@ -134,8 +134,9 @@ class FollowerNode:
             )
         tree = outer.unflatten({self.paths[i]: x for i, x in tensors.items()})
         with self.lock:
-            if self.follower.receive(round_id, learner, tree, incarnation) == "duplicate":
-                self.duplicates += 1  # a resent push equal to the staged one: acknowledged
+            outcome = self.follower.receive(round_id, learner, tree, incarnation)
+            if outcome != "staged":  # a resent push equal to the staged one, or a retrained one
+                self.resent[outcome] += 1
                 self._write_metrics()
 
     def _refused(self, kind: str, message: str) -> None:
@@ -153,7 +154,8 @@ class FollowerNode:
         """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""
         with self.metrics_lock:
             d = self.data
-            doc = {"refused": dict(d.refused), "duplicates": self.duplicates, **d.stats}
+            with d._lock:
+                doc = {"refused": dict(d.refused), **self.resent, **d.stats}
             path = Path(self.spec.run_dir) / f"follower{self.k}" / "metrics.json"
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(doc))

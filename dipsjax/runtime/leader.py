@@ -34,6 +34,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -159,20 +160,22 @@ class LeaderNode:
                 self.pending[who].append(q.get_nowait())
 
     def _persist(self) -> None:
+        # The tape first, then the snapshot that says how long the tape it follows is: a
+        # process killed in between leaves a tape longer than that, cut back on restore.
+        records = self.leader.tape.records[self.taped :]
+        if records:
+            with self.tape_path.open("a") as f:
+                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            self.taped += len(records)
         snap = self.dir / "leader" / "snapshot.json"
         tmp = snap.with_suffix(".tmp")
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
         tmp.write_text(json.dumps(state, allow_nan=False))
         os.replace(tmp, snap)  # atomic
-        records = self.leader.tape.records[self.taped :]
-        if records:
-            with self.tape_path.open("a") as f:
-                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
-            self.taped += len(records)
-            for r in records:
-                if r["kind"] == "round":
-                    self._log_round(r)
+        for r in records:
+            if r["kind"] == "round":
+                self._log_round(r)
         (self.dir / "leader" / "status.json").write_text(json.dumps(self.status()))
 
     def status(self) -> dict:
@@ -207,7 +210,9 @@ class LeaderNode:
             "phase": ld.phase.value,
             "members": sorted(ld.members),
             "followers_up": [k for k, up in sorted(ld.followers_up.items()) if up],
-            "follower_addresses": {str(k): a for k, a in sorted(ld.follower_addresses.items())},
+            "follower_addresses": {
+                str(k): a for k, a in sorted(ld.follower_addresses.items()) if ld.followers_up[k]
+            },
             "learners": learners,
             "tokens": ld.ledger.totals(),
             "budget": ld.config.token_budget,
@@ -260,6 +265,10 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
         return syncer_pb2.Replies(error=error)
 
     async def Call(self, request, context):
+        try:  # raw bytes (see ``add_service``): what does not parse is answered and counted
+            request = codec.parse_envelope(request)
+        except ValueError as e:
+            return self._malformed(f"malformed message: {e}")
         if not self._authorized(request.job_token):
             await self._deny(context)
         try:
@@ -299,6 +308,33 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             self.node.unwatch(who, q)
 
 
+def add_service(service: SyncerService, server: Any) -> None:
+    """Registers the service as ``syncer_pb2_grpc`` would, except that ``Call`` gets the
+    request's raw bytes: bytes that are not a protobuf ``Envelope`` then get a reply
+    naming the problem and are counted (``malformed``), where gRPC's own deserializer
+    would end the call with a bare INTERNAL error."""
+    handlers = {
+        "Call": grpc.unary_unary_rpc_method_handler(
+            service.Call,
+            request_deserializer=bytes,
+            response_serializer=syncer_pb2.Replies.SerializeToString,
+        ),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            service.Watch,
+            request_deserializer=syncer_pb2.WatchRequest.FromString,
+            response_serializer=syncer_pb2.Envelope.SerializeToString,
+        ),
+        "Status": grpc.unary_unary_rpc_method_handler(
+            service.Status,
+            request_deserializer=syncer_pb2.StatusRequest.FromString,
+            response_serializer=syncer_pb2.StatusReply.SerializeToString,
+        ),
+    }
+    name = syncer_pb2.DESCRIPTOR.services_by_name["Syncer"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 def restored(spec: RunSpec) -> Leader:
     """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
     run_dir = Path(spec.run_dir)
@@ -306,14 +342,18 @@ def restored(spec: RunSpec) -> Leader:
     if not snap.exists():
         raise FileNotFoundError(f"--resume: no leader snapshot at {snap}")
     tape_path = run_dir / "tape.jsonl"
-    tape = EventTape.read(tape_path) if tape_path.exists() else None
     state = json.loads(snap.read_text())
-    n = state.get("tape_records")
-    if tape is not None and n is not None and len(tape.records) > n:
-        del tape.records[n:]  # records of events after the snapshot (killed in between)
-        tmp = tape_path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in tape.records))
-        os.replace(tmp, tape_path)
+    tape = None
+    if tape_path.exists():
+        n = state.get("tape_records")
+        lines = tape_path.read_text().splitlines(keepends=True)
+        if n is not None and len(lines) > n:
+            # Records of an event after the snapshot (killed in between; the last line may
+            # be torn): cut back, so that the tape is the one the snapshot follows.
+            tmp = tape_path.with_suffix(".tmp")
+            tmp.write_text("".join(lines[:n]))
+            os.replace(tmp, tape_path)
+        tape = EventTape.read(tape_path)
     return Leader.restore(state, tape=tape)
 
 
@@ -323,7 +363,7 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
     if resume:
         node.carry_out(node.leader.resume(node.now()))
     server = grpc.aio.server()
-    syncer_pb2_grpc.add_SyncerServicer_to_server(SyncerService(node), server)
+    add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
     if spec.tls:
         server.add_secure_port(f"{host}:{port}", spec.secrets.grpc_server())

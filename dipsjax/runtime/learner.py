@@ -167,6 +167,7 @@ class LearnerNode:
             for _ in range(2)
         )
         self.actions: queue.Queue = queue.Queue()
+        self.moving = threading.Lock()
         self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
         self.latest: tuple[int, Any] | None = None  # overlap: the newest version pulled
         self.fresh = threading.Event()  # overlap: the in-flight push's version arrived
@@ -319,9 +320,13 @@ class LearnerNode:
         """Follower ``k`` did not answer: if the leader knows it at another address (a
         replacement took over its shard), talk to that one from now on."""
         moved = self.control.status(timeout=5.0)["follower_addresses"].get(str(k))
-        if moved is None or address(moved) == tuple(self.data[k].address):
-            return
-        print(f"learner {self.j}: follower {k} moved to {moved}", flush=True)
+        with self.moving:  # the push and the overlap puller may both look it up
+            if moved is None or address(moved) == tuple(self.data[k].address):
+                return
+            print(f"learner {self.j}: follower {k} moved to {moved}", flush=True)
+            self._move(k, moved)
+
+    def _move(self, k: int, moved: str) -> None:
         for clients in (self.data, self.pull_data):
             old = clients[k]
             clients[k] = DataPlaneClient(

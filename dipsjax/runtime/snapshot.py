@@ -67,9 +67,12 @@ def take(run_dir: str | Path, dest: str | Path, attempts: int = 5) -> dict[str, 
             time.sleep(0.1 * (attempt + 1))
             continue
         lines = (run_dir / "tape.jsonl").read_text().splitlines(keepends=True)
+        lines = [x for x in lines if x.endswith("\n")]  # a line being written is not whole
         n = int(state["tape_records"])
-        if len(lines) < n:
-            raise ValueError(f"snapshot: the tape has {len(lines)} records, the leader {n}")
+        if len(lines) < n:  # cannot happen (the tape is written first); read again
+            shutil.rmtree(tmp, ignore_errors=True)
+            time.sleep(0.1 * (attempt + 1))
+            continue
         (tmp / "leader").mkdir(parents=True)
         (tmp / "leader" / "snapshot.json").write_text(leader_snap)
         (tmp / "tape.jsonl").write_text("".join(lines[:n]))
@@ -88,6 +91,9 @@ def take(run_dir: str | Path, dest: str | Path, attempts: int = 5) -> dict[str, 
         (tmp / MARKER).write_text(json.dumps(taken, indent=1))
         tmp.rename(dest)
         return taken
+    shutil.rmtree(dest.with_name(dest.name + ".partial"), ignore_errors=True)
+    if not spec.checkpoints:
+        raise ValueError("snapshot: the job does not checkpoint its followers (checkpoints=False)")
     raise RuntimeError(f"snapshot: the job moved on too fast to copy in {attempts} attempts")
 
 

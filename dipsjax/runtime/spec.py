@@ -158,6 +158,11 @@ class RunSpec:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunSpec:
         d = dict(d)
+        if "token" in d and "credentials" not in d:
+            raise ValueError(
+                "spec.json: written before runs had credentials (a 'token' field); start "
+                "the run again, or add 'credentials' (a `dipsjax credentials DIR` folder)"
+            )
         sim = dict(d["sim"])
         for key in ("speeds", "bandwidth_gbps", "failures", "joins", "leaves"):
             sim[key] = tuple(tuple(x) if isinstance(x, list) else x for x in sim[key])

@@ -53,7 +53,7 @@ REFERENCES = ("start", "server")
 
 class PushRefused(ValueError):
     """A learner's shard the follower will not stage; ``kind`` names the problem for the
-    metrics (``layout``, ``shape``, ``incarnation``, ``replayed``, ``duplicate``)."""
+    metrics (``layout``, ``shape``, ``incarnation``, ``replayed``)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
@@ -132,14 +132,16 @@ class Follower:
         self, round_id: int, learner: int, payload: Mapping[str, Any], incarnation: int = 0
     ) -> str:
         """Stages a learner's shard of ``Delta_start = theta_start - theta_end``; returns
-        ``"staged"``, or ``"duplicate"`` for a resent push equal to the one staged (a retry
-        whose acknowledgement was lost: nothing changes).
+        ``"staged"``, ``"duplicate"`` for a resent push equal to the one staged (a retry
+        whose acknowledgement was lost: nothing changes), or ``"replaced"`` for another
+        push of the same incarnation for the same round before its norms were taken (a
+        learner that rejoined the leader as itself trained the round again, and the leader
+        admitted the new push to the same round).
 
         Raises :class:`PushRefused`, changing nothing, for a shard that does not match
         this follower's layers or shapes, from an older incarnation than the one staged
         for the same round and learner (a dead process's late push; a newer one replaces
-        it), for a round whose norms were already taken or that is over (a replay), or
-        that differs from the same incarnation's push already staged."""
+        it), or for a round whose norms were already taken or that is over (a replay)."""
         me = f"follower {self.follower_id}"
         if round_id in self._batch or round_id in self._done:
             state = "already taken its norms" if round_id in self._batch else "ended"
@@ -171,21 +173,18 @@ class Follower:
                     f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}",
                 )
         key = (round_id, learner)
-        if staged == incarnation:  # the same push again: a retry, or a replay
+        outcome = "staged"
+        if staged == incarnation:  # the same push again (a retry), or a retrained one
             same = all(
                 np.asarray(self._staged[key][p]).tobytes() == np.asarray(_staged_dtype(x)).tobytes()
                 for p, x in got.items()
             )
-            if not same:
-                raise PushRefused(
-                    "duplicate",
-                    f"{me}: learner {learner} (incarnation {incarnation}) already pushed "
-                    f"other values for round {round_id}",
-                )
-            return "duplicate"
+            if same:
+                return "duplicate"
+            outcome = "replaced"
         self._staged[key] = {p: _staged_dtype(x) for p, x in got.items()}
         self._incarnations[key] = incarnation
-        return "staged"
+        return outcome
 
     def pull(self, version: int | None = None) -> tuple[int, dict[str, Any]]:
         """A version (default: the newest) and its shard: a snapshot, safe to keep."""

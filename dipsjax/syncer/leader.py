@@ -1002,6 +1002,7 @@ class Leader:
         actions: list[Action] = []
         for k in self.followers_up:
             self.followers_up[k] = False
+        self.follower_addresses.clear()  # every follower announces where it is on rejoining
         rnd, waiting, self.waiting = self.round, self.waiting, []
         if rnd is not None and rnd.applied:
             rnd.pulling = []  # its learners pull through SendModel when they rejoin

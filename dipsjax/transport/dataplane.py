@@ -418,10 +418,11 @@ class DataPlaneServer:
             self.refused[kind] += 1
             self.errors.append(message)
             del self.errors[:-100]  # the newest hundred
-        if self.on_refusal is not None:
-            self.on_refusal(kind, message)
         if sock is not None:
-            _send_error(sock, message, refused)
+            _send_error(sock, message, refused)  # the sender first: metrics cannot delay it
+        if self.on_refusal is not None:
+            with contextlib.suppress(Exception):
+                self.on_refusal(kind, message)
 
     def _serve(self) -> None:
         while not self._closed.is_set():

@@ -83,6 +83,13 @@ def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_
 
     reply = member.stub.Call(syncer_pb2.Envelope(job_token=spec.token), timeout=20)
     assert "malformed message" in reply.error and "no message" in reply.error
+    raw = member.channel.unary_unary(  # bytes that are not a protobuf at all
+        "/dipsjax.syncer.v1.Syncer/Call",
+        request_serializer=lambda b: b,
+        response_deserializer=syncer_pb2.Replies.FromString,
+    )
+    reply = raw(b"\xff\xff\xff\x0fnot a protobuf", timeout=20)
+    assert "malformed message: not a protobuf Envelope (18 bytes)" in reply.error
     with pytest.raises(ControlError, match="not an event"):
         member.call(m.Evict(0, "forged"), timeout=20)  # an action sent as if an event
     # A push from a learner that never joined: refused (on learner 9's stream), counted.
@@ -92,7 +99,7 @@ def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_
     assert status["refused"] == {
         "unauthenticated": 5,
         "fingerprint": 1,
-        "malformed": 2,
+        "malformed": 3,
         "unknown": 1,
     }
     assert member.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=20) == []

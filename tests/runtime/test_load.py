@@ -47,7 +47,7 @@ def test_32_stand_ins_and_4_followers_lose_nothing(tmp_path):
         json.loads((Path(spec.run_dir) / f"follower{k}" / "metrics.json").read_text())
         for k in range(4)
     ]
-    assert all(x["refused"] == {} and x["duplicates"] == 0 for x in metrics)
+    assert all(x["refused"] == {} and x["duplicate"] == x["replaced"] == 0 for x in metrics)
     assert sum(x["pushes"] for x in metrics) == 4 * sum(s["pushes"] for s in stats)
     assert sum(x["pulls"] for x in metrics) == 4 * sum(s["pulls"] for s in stats)
     # The leader refused only the pushes asked for after the budget stopped the job.

@@ -276,20 +276,20 @@ def test_a_dead_incarnations_late_shard_never_replaces_the_new_ones():
 
 
 def test_replayed_and_duplicate_pushes_are_refused_by_kind_and_change_nothing():
-    """A push for a round whose norms were taken or that ended is a replay; the same
-    incarnation's push again is a retry if equal (acknowledged, nothing changes) and
-    refused if it differs. Before, each silently replaced or re-staged a shard: a
-    duplicate arriving after the norms would have made the merge use other values."""
+    """A push for a round whose norms were taken or that ended is a replay, refused (before,
+    one arriving after the norms replaced the staged shard, so the merge would have used
+    other values than the norms; one after the end was staged and never freed). The same
+    incarnation's push again is a retry if equal (acknowledged, nothing changes); with
+    other values before the norms it is a retrained push and replaces the staged one."""
     from dipsjax.syncer.follower import PushRefused
 
     f = Follower(0, {"w": np.zeros((2, 2), np.float32)}, outer.diloco(), capacity=2)
     one, two = {"w": np.ones((2, 2))}, {"w": np.full((2, 2), 2.0)}
     assert f.receive(0, 1, one) == "staged"
     assert f.receive(0, 1, {"w": np.ones((2, 2))}) == "duplicate"  # a retry: equal
-    with pytest.raises(PushRefused, match="already pushed other values") as e:
-        f.receive(0, 1, two)
-    assert e.value.kind == "duplicate"
     np.testing.assert_array_equal(f._staged[(0, 1)][("w",)], one["w"])
+    assert f.receive(0, 1, two) == "replaced"  # retrained after a rejoin
+    assert f.receive(0, 1, one) == "replaced"
     assert f.partial_norms(0, (1,)).tolist() == [4.0]
     with pytest.raises(PushRefused, match="round 0 has already taken its norms") as e:
         f.receive(0, 1, two)

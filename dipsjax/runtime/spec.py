@@ -51,8 +51,9 @@ class RunSpec:
       push_pause: fault injection, for tests: seconds a learner pauses in each push once its
         first follower holds its shards and before the others get theirs (so a kill lands
         mid-push); 0 in real runs.
-      link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; that learner's
-        data-plane links carry at most this many bytes a second each way (a slow link).
+      link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; each of that
+        learner's data-plane connections (one per follower) carries at most this many
+        bytes a second each way (a slow link).
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
       compute_in_turns: followers on one host take turns at their outer-step computations

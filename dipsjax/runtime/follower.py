@@ -144,11 +144,8 @@ class FollowerNode:
         TensorBoard (``follower/refused/KIND``), and logged."""
         print(f"follower {self.k}: refused ({kind}): {message}", flush=True)
         self._write_metrics()
-        self.tb.add_scalar(f"follower/refused/{kind}", self.data.refused[kind], self.version_now)
-
-    @property
-    def version_now(self) -> int:
-        return self.follower.version
+        count = self.data.refused[kind]
+        self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
 
     def _write_metrics(self) -> None:
         """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""

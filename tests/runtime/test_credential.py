@@ -158,3 +158,29 @@ def test_a_learner_built_for_another_model_is_refused_at_join_and_not_restarted(
     status = member.status()
     assert status["refused"] == {"fingerprint": 1} and status["members"] == []
     member.close()
+
+
+def test_a_restarted_leader_cuts_its_tape_back_to_the_event_its_snapshot_follows(tmp_path):
+    """The leader appends the tape, then writes the snapshot that counts it: a kill in
+    between leaves extra records (the last maybe torn), which a restart cuts back so that
+    the tape and the state agree."""
+    import json
+
+    from dipsjax.runtime.leader import restored
+    from dipsjax.runtime.spec import RunSpec
+    from dipsjax.syncer.leader import Leader, LeaderConfig
+
+    leader = Leader(LeaderConfig())
+    leader.handle(m.Join(0.0, 0))
+    state = leader.snapshot()
+    state["tape_records"] = len(leader.tape.records)
+    run = tmp_path / "run"
+    (run / "leader").mkdir(parents=True)
+    (run / "leader" / "snapshot.json").write_text(json.dumps(state))
+    kept = "".join(json.dumps(r) + "\n" for r in leader.tape.records)
+    extra = json.dumps({"kind": "membership", "event": "join", "learner": 1}) + "\n"
+    (run / "tape.jsonl").write_text(kept + extra + '{"kind": "mem')  # a torn last line
+    spec = RunSpec(SimConfig(), "", (), "", str(run), (), 0)
+    again = restored(spec)
+    assert again.tape.records == leader.tape.records and list(again.members) == [0]
+    assert (run / "tape.jsonl").read_text() == kept

@@ -894,3 +894,18 @@ def test_refusals_are_counted_by_kind_and_survive_a_snapshot():
     }
     again = Leader.restore(json.loads(json.dumps(leader.snapshot())))
     assert again.refused == leader.refused
+
+
+def test_a_resumed_leader_forgets_where_followers_were_until_they_rejoin():
+    """A snapshot restored into fresh processes (new ports) must not send learners to the
+    old run's followers: addresses are known again only as each follower rejoins."""
+    leader = Leader(LeaderConfig(num_followers=2), NoGrace())
+    for k in (0, 1):
+        leader.handle(L.FollowerJoined(0.0, k, 0, address=f"10.0.0.{k}:7000"))
+    assert leader.follower_addresses == {0: "10.0.0.0:7000", 1: "10.0.0.1:7000"}
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    assert copy.follower_addresses == leader.follower_addresses  # kept by the snapshot
+    copy.resume(1.0)
+    assert copy.follower_addresses == {}
+    copy.handle(L.FollowerJoined(2.0, 1, 0, address="10.0.0.9:7100"))
+    assert copy.follower_addresses == {1: "10.0.0.9:7100"}

@@ -3,6 +3,7 @@
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -100,6 +101,10 @@ def test_refusals_are_counted_by_kind_and_only_broken_transfers_may_be_retried(f
     dp.read_frame(raw)
     raw.close()
     assert follower.server.refused == {"replayed": 1, "checksum": 1, "frame": 1}
+    # the sender hears first, the callback runs after (metrics cannot delay an error frame)
+    deadline = time.monotonic() + 10
+    while len(seen) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert [k for k, _ in seen] == ["replayed", "checksum", "frame"]
     assert seen[0][1] == "round 3 has ended"
 

@@ -4,7 +4,7 @@ It decides nothing itself: each ``Call`` carries one event, stamped here with th
 clock (``time.monotonic``), handed to :meth:`Leader.handle`; the actions that come back are
 routed to the processes they address, on the ``Watch`` stream each process keeps open:
 
-* learners: ``SendModel``, ``PushShards``, ``NotifyPull``, ``Evict``, ``Refuse``;
+* learners: ``SendModel``, ``PushShards``, ``NotifyPull``, ``Evict``, ``Refuse``, ``Unused``;
 * followers: ``RequestNorms``, ``Decide``, ``Apply``, ``Discard``;
 * everyone: ``Stop``; the caller, in the reply: ``GrantChunk``;
 * this process: ``WakeAt`` (a timer feeding ``Tick``), plus a ``Tick`` every second.
@@ -48,13 +48,14 @@ from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
+TO_LEARNER = (m.SendModel, m.PushShards, m.Evict, m.Refuse, m.Unused, m.GrantChunk)
 
 
 def recipients(action: m.Action) -> list[tuple[str, int]]:
     """Who an action goes to: ``("learner", j)`` / ``("follower", k)`` / ``("all", -1)``."""
     if isinstance(action, m.NotifyPull):
         return [("learner", j) for j in action.learners]
-    if isinstance(action, m.SendModel | m.PushShards | m.Evict | m.Refuse | m.GrantChunk):
+    if isinstance(action, TO_LEARNER):
         return [("learner", action.learner)]
     if isinstance(action, TO_FOLLOWERS):
         return [("followers", -1)]

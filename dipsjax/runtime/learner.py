@@ -38,6 +38,7 @@ Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N] [
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -154,6 +155,8 @@ class LearnerNode:
         self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         self.saved_round = -1  # the round whose start was checkpointed
         self.terminating = False  # SIGTERM: stop at the next safe point
+        # Pushes the leader said it did not use, by kind (``Unused``: stale, nonfinite).
+        self.unused: collections.Counter[str] = collections.Counter()
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
@@ -203,6 +206,14 @@ class LearnerNode:
     def _watch(self, generation: int) -> None:
         try:
             for a in self.control.watch(self.incarnation):
+                if isinstance(a, m.Unused):  # word about a push already decided: no wait
+                    self.unused[a.kind] += 1
+                    print(
+                        f"learner {self.j}: push of round {a.round_id} not used "
+                        f"({a.kind}): {a.reason}",
+                        flush=True,
+                    )
+                    continue
                 if self.spec.sim.overlap and isinstance(a, m.NotifyPull):
                     self.notices.put(a)
                     continue
@@ -453,6 +464,7 @@ class LearnerNode:
             "reported": self.reported,
             "compute_seconds": tr.get("compute", 0.0),  # wall time of its rounds' steps
             "cpu_seconds": use.ru_utime + use.ru_stime,  # the process's, all threads
+            "unused": dict(self.unused),  # pushes the leader said were bad input, by kind
         }
         (out / "stats.json").write_text(json.dumps(stats))
 

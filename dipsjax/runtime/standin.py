@@ -74,8 +74,16 @@ class Recorder:
 class StandIn:
     """Learner ``j``'s protocol, with tensors of the model's ``shapes`` and no training."""
 
-    def __init__(self, spec: RunSpec, j: int, shapes: list[tuple[int, ...]], rec: Recorder) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        j: int,
+        shapes: list[tuple[int, ...]],
+        rec: Recorder,
+        poisoned: bool = False,
+    ) -> None:
         self.spec, self.j, self.shapes, self.rec = spec, j, shapes, rec
+        self.poisoned = poisoned  # fault injection: its first push is all NaN
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         self.clients = [
@@ -87,7 +95,14 @@ class StandIn:
         largest = max(int(np.prod(s)) for s in shapes)
         self.block = (rng.standard_normal(largest, np.float32) * 1e-3).astype(ml_dtypes.bfloat16)
         self.version = 0
-        self.stats = {"reported": 0, "pushes": 0, "pulls": 0, "refused": 0, "bytes_pulled": 0}
+        self.stats: dict[str, Any] = {
+            "reported": 0,
+            "pushes": 0,
+            "pulls": 0,
+            "refused": 0,
+            "bytes_pulled": 0,
+            "unused": {},  # the leader's word on pushes it did not use, by kind
+        }
         self.span = [float("inf"), 0.0]  # wall time of its first push and its last transfer
 
     def call(self, event: m.Event) -> list[m.Action]:
@@ -100,6 +115,9 @@ class StandIn:
     def _watch(self) -> None:
         try:
             for a in self.control.watch():
+                if isinstance(a, m.Unused):
+                    self.stats["unused"][a.kind] = self.stats["unused"].get(a.kind, 0) + 1
+                    continue
                 self.actions.put(a)
         except Exception as e:  # the stream broke: the main loop raises it
             self.actions.put(e)
@@ -133,9 +151,11 @@ class StandIn:
     def push(self, plan: m.PushShards) -> None:
         def one(k: int) -> None:
             layers = [tr.layer for tr in plan.transfers if tr.follower == k]
+            block = self.block
+            if self.poisoned and self.stats["pushes"] == 0:
+                block = np.full_like(block, np.nan)
             tensors = (
-                (i, self.block[: int(np.prod(self.shapes[i]))].reshape(self.shapes[i]))
-                for i in layers
+                (i, block[: int(np.prod(self.shapes[i]))].reshape(self.shapes[i])) for i in layers
             )
             self.clients[k].push(plan.round_id, self.j, 0, self.version, tensors, codec="bf16")
 
@@ -173,14 +193,21 @@ class StandIn:
                 c.close()
 
 
-def run(spec_path: str, first: int, last: int, train_seconds: float = 0.0) -> dict:
+def run(
+    spec_path: str,
+    first: int,
+    last: int,
+    train_seconds: float = 0.0,
+    poison: tuple[int, ...] = (),
+) -> dict:
     """Runs stand-ins ``first..last`` until the leader stops the job; returns their record
-    (also written to ``RUN_DIR/standins/FIRST.json``)."""
+    (also written to ``RUN_DIR/standins/FIRST.json``). Stand-ins in ``poison`` send NaN in
+    their first push (fault injection: bad input the leader must reject and report)."""
     spec = RunSpec.read(spec_path)
     layout = json.loads((Path(spec.run_dir) / "shapes.json").read_text())
     shapes = [tuple(s) for s in layout]
     rec = Recorder()
-    standins = [StandIn(spec, j, shapes, rec) for j in range(first, last + 1)]
+    standins = [StandIn(spec, j, shapes, rec, j in poison) for j in range(first, last + 1)]
     stop = threading.Event()
     errors: list[str] = []
 
@@ -247,6 +274,7 @@ def launch_load(
     timeout: float = 900.0,
     idle_seconds: float = 3.0,
     leader_core: bool = False,
+    poison: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Runs a real leader and followers with ``spec.sim.learners`` stand-ins in ``groups``
     processes until the leader stops the job (its token budget); returns the stand-ins'
@@ -256,7 +284,7 @@ def launch_load(
     and before any stand-in starts, ``load`` while the stand-ins run. ``leader_core``:
     the leader and the probe get the first core to themselves and every other process
     shares the rest, as a leader on its own host would (the paper's leader is a separate,
-    control-only process)."""
+    control-only process). ``poison``: stand-ins whose first push is all NaN."""
     from dipsjax.runtime.run import Processes
 
     run_dir = Path(spec.run_dir)
@@ -294,6 +322,7 @@ def launch_load(
         phase[0] = "load"
         for a, b in bounds:
             extra = ["--train-seconds", str(train_seconds)]
+            extra += [f"--poison={j}" for j in poison if a <= j <= b]
             start(f"standins{a}", "dipsjax.runtime.standin", str(a), str(b), *extra)
         while any(p.poll() is None for p in procs.procs.values()):
             failed = procs.failed()
@@ -329,8 +358,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("first", type=int)
     parser.add_argument("last", type=int)
     parser.add_argument("--train-seconds", type=float, default=0.0)
+    parser.add_argument(
+        "--poison", type=int, action="append", default=[], help="its first push is all NaN"
+    )
     args = parser.parse_args(argv)
-    record = run(args.spec, args.first, args.last, args.train_seconds)
+    record = run(args.spec, args.first, args.last, args.train_seconds, tuple(args.poison))
     for e in record["errors"]:
         print(e, flush=True)
     return 1 if record["errors"] else 0

@@ -83,6 +83,7 @@ from dipsjax.syncer.messages import (
     Tick,
     Transfer,
     TransferDone,
+    Unused,
     WakeAt,
 )
 from dipsjax.syncer.schedule import greedy_schedule, optimal_schedule
@@ -349,6 +350,10 @@ class Leader:
                 self._complete_chunks(p.learner, p.meta.finished_chunks)
             elif release:
                 self._release_chunks(p.learner, p.meta.finished_chunks)
+
+    def _unused(self, p: Push, kind: str, reason: str) -> Unused:
+        """The word to a push's sender that its push was bad input (``Unused``)."""
+        return Unused(p.learner, p.round_id, kind, reason)
 
     def _pullers(self, rnd: Round) -> list[int]:
         """The round's learners that pull its result: the incarnations that pushed, still
@@ -777,6 +782,11 @@ class Leader:
         else:
             accepted = present & np.isfinite(g)
         self.refused["nonfinite"] += int(np.sum(present & ~np.isfinite(g)))
+        told = [
+            self._unused(p, "nonfinite", f"squared norm {x} is not finite: rejected")
+            for p, x in zip(pushes, g, strict=True)
+            if not np.isfinite(x)
+        ]
         tokens = tuple(p.tokens for p in pushes)
         steps = tuple(p.meta.steps for p in pushes)
         w = rules.weights(np, accepted, weighting=cfg.weighting, tokens=tokens, steps=steps)
@@ -796,9 +806,9 @@ class Leader:
         if not np.any(accepted):
             # Nothing to merge: skip the update (no zero step that would still move the
             # Nesterov momentum) and let the round's learners pull the current version.
-            return self._discard(rnd, t, "nothing accepted")
+            return told + self._discard(rnd, t, "nothing accepted")
         rnd.phase = Phase.MERGE
-        return [rnd.decision]
+        return [rnd.decision, *told]
 
     def _discard(self, rnd: Round, t: float, reason: str) -> list[Action]:
         for p in rnd.pushes:  # whatever was not rejected is dropped: nothing is applied
@@ -893,13 +903,23 @@ class Leader:
         floor = -1  # the oldest base every follower holds
         if self.config.reference == "server":
             floor = max(self.follower_oldest.values(), default=-1)
-        kept = []
+        kept, told = [], []
         for p in rnd.pushes:
-            too_old = limit is not None and self.version - p.meta.base_version > limit
+            staleness = self.version - p.meta.base_version
+            too_old = limit is not None and staleness > limit
             if too_old or p.meta.base_version < floor:
                 self.refused["stale"] += 1
                 self._settle(p, "dropped")
                 rnd.dropped.append(p)
+                why = (
+                    f"staleness {staleness} is beyond the limit {limit} "
+                    f"(max_staleness {self.config.max_staleness}, "
+                    f"version_cache {self.config.version_cache})"
+                    if too_old
+                    else f"base version {p.meta.base_version} is older than the oldest "
+                    f"a follower holds ({floor})"
+                )
+                told.append(self._unused(p, "stale", f"{why}: dropped"))
             else:
                 kept.append(p)
         kept.sort(key=lambda p: p.learner)  # a merge order that does not depend on timing
@@ -911,11 +931,13 @@ class Leader:
             rnd.pulling = self._pullers(rnd)
             rnd.phase = Phase.PULL
             return [
+                *told,
                 Discard(rnd.round_id, "every push too stale"),
                 NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version),
             ]
         rnd.phase = Phase.NORMS
-        return [RequestNorms(rnd.round_id, rnd.learners, tuple(p.meta.base_version for p in kept))]
+        bases = tuple(p.meta.base_version for p in kept)
+        return [*told, RequestNorms(rnd.round_id, rnd.learners, bases)]
 
     def _end_round(self, t: float) -> list[Action]:
         rnd = self.round

@@ -314,6 +314,20 @@ class Refuse(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class Unused(Action):
+    """The leader's word to a learner whose push entered round ``round_id`` but was not used
+    because it was bad input: dropped as too stale (``kind="stale"``) or rejected as not
+    finite (``"nonfinite"``). Its tokens are booked; the learner goes on and pulls the
+    round's result as usual. (A push rejected by the anomaly penalty is not bad input and
+    gets no word.)"""
+
+    learner: int
+    round_id: int
+    kind: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Stop(Action):
     reason: str
 
@@ -349,6 +363,7 @@ MESSAGES: dict[str, type] = {
         GrantChunk,
         Evict,
         Refuse,
+        Unused,
         Stop,
     )
 }

@@ -4,6 +4,8 @@ many rounds: nothing deadlocks and nothing is lost (counted on both sides)."""
 import json
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
 from dipsjax.runtime.run import final_params, make_spec
@@ -20,7 +22,8 @@ def test_32_stand_ins_and_4_followers_lose_nothing(tmp_path):
     assert sim.inner_steps * sim.batch_size * sim.seq_len == per_push
     spec = make_spec(sim, tmp_path / "run")
     assert sorted(set(spec.layer_owner)) == [0, 1, 2, 3]  # every follower holds layers
-    out = launch_load(spec, groups=4, timeout=600)
+    # Bad input among the load: stand-in 5's first push is all NaN.
+    out = launch_load(spec, groups=4, timeout=600, poison=(5,))
     assert out["errors"] == []
     stats = out["standins"].values()
     # Tokens: what the stand-ins reported, counted on their side, is the leader's total,
@@ -50,5 +53,16 @@ def test_32_stand_ins_and_4_followers_lose_nothing(tmp_path):
     assert all(x["refused"] == {} and x["duplicate"] == x["replaced"] == 0 for x in metrics)
     assert sum(x["pushes"] for x in metrics) == 4 * sum(s["pushes"] for s in stats)
     assert sum(x["pulls"] for x in metrics) == 4 * sum(s["pulls"] for s in stats)
-    # The leader refused only the pushes asked for after the budget stopped the job.
-    assert set(out["status"]["refused"]) <= {"stopped"}
+    # The leader refused only the NaN push (rejected, its sender told, the model finite)
+    # and pushes asked for after the budget stopped the job.
+    refused = out["status"]["refused"]
+    assert set(refused) <= {"stopped", "nonfinite"} and refused["nonfinite"] == 1, refused
+    told = {j: s["unused"] for j, s in out["standins"].items() if s["unused"]}
+    assert told == {"5": {"nonfinite": 1}}
+    nan_round = next(r for r in rounds if any(p.learner == 5 for p in r.participants))
+    decided = zip(nan_round.participants, nan_round.accepted, nan_round.sq_norms, strict=True)
+    ((accepted, norm),) = [(a, g) for p, a, g in decided if p.learner == 5]
+    assert not accepted and np.isnan(norm)
+    _, params = final_params(tmp_path / "run")
+    leaves = jax.tree.leaves(params)
+    assert leaves and all(np.isfinite(np.asarray(x, np.float32)).all() for x in leaves)

@@ -181,6 +181,12 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
         assert len(taken) == 1 and not dropped, context
     else:
         assert len(dropped) == 1 and not taken, context
+    # The sender of each push dropped as stale was told so (``Unused``), as the learners
+    # count it themselves.
+    for j in range(sim.learners):
+        stats = json.loads((tmp_path / "run" / f"learner{j}" / "stats.json").read_text())
+        stale = sum(p.learner == j for r in rounds for p in r.dropped)
+        assert stats["unused"].get("stale", 0) == stale, (j, stats, context)
     # It contributed: its pushes went into applied rounds (the anomaly penalty judges them).
     assert any(p.learner == 2 for r in rounds if r.applied for p in r.participants), [
         (r.round_id, [p.learner for p in r.participants]) for r in rounds

@@ -46,7 +46,8 @@ def finish_round(leader, t, norms=None, merged=0.25):
     zeros = tuple(0.0 for _ in g)
     for k in range(1, n):
         assert leader.handle(L.FollowerNorms(t, k, rnd.round_id, zeros)) == []
-    (decide,) = leader.handle(L.FollowerNorms(t, 0, rnd.round_id, g))
+    acts = leader.handle(L.FollowerNorms(t, 0, rnd.round_id, g))
+    (decide,) = [a for a in acts if not isinstance(a, L.Unused)]
     for k in range(1, n):
         leader.handle(L.FollowerMerged(t, k, rnd.round_id, 0.0))
     (apply,) = leader.handle(L.FollowerMerged(t, 0, rnd.round_id, merged))
@@ -191,6 +192,29 @@ def test_stale_contributions_are_dropped_and_anomalies_rejected():
     assert [p.learner for p in rec.dropped] == [1] and rec.dropped[0].staleness == 2
 
 
+def test_the_sender_hears_why_its_push_was_not_used():
+    """Bad input gets a clear word to its sender: a push dropped as too stale or rejected as
+    non-finite is answered with ``Unused`` (its round, the kind, why) to that learner alone;
+    a push rejected by the anomaly penalty is the algorithm at work, not bad input."""
+    cfg = LeaderConfig(penalty=True, anomaly=AnomalyConfig(warmup=0), max_staleness=1)
+    leader = Leader(cfg, FixedGrace(10.0), version=5)
+    join_all(leader, 3)
+    leader.handle(push(0.0, 0, 10, 1, 5))
+    leader.handle(push(0.0, 1, 10, 1, 3))  # two versions old: beyond max_staleness 1
+    leader.handle(push(0.0, 2, 10, 1, 5))
+    acts = []
+    for j in range(3):
+        acts += leader.handle(L.TransferDone(1.0, j, 0))
+    (stale,) = [a for a in acts if isinstance(a, L.Unused)]
+    assert (stale.learner, stale.round_id, stale.kind) == (1, 0, "stale")
+    assert "staleness 2" in stale.reason and "max_staleness 1" in stale.reason
+    acts = leader.handle(L.FollowerNorms(1.0, 0, 0, (1.0, float("inf"))))
+    (bad,) = [a for a in acts if isinstance(a, L.Unused)]
+    assert (bad.learner, bad.round_id, bad.kind) == (2, 0, "nonfinite")
+    assert "inf" in bad.reason
+    assert leader.refused == {"stale": 1, "nonfinite": 1}
+
+
 def test_server_reference_drops_pushes_older_than_the_version_cache():
     cfg = LeaderConfig(penalty=False, reference="server", version_cache=3)
     assert cfg.stale_limit() == 2
@@ -311,6 +335,8 @@ def test_a_round_with_nothing_accepted_is_skipped():
     leader.handle(L.TransferDone(0.6, 1, 0))
     acts = leader.handle(L.FollowerNorms(1.0, 0, 0, (float("nan"), float("inf"))))
     assert acts == [
+        L.Unused(0, 0, "nonfinite", "squared norm nan is not finite: rejected"),
+        L.Unused(1, 0, "nonfinite", "squared norm inf is not finite: rejected"),
         L.Discard(0, "nothing accepted"),
         L.NotifyPull(0, (0, 1), 3),
     ]  # no Decide, no Apply
@@ -843,7 +869,7 @@ def test_a_non_finite_pseudo_gradient_is_rejected_and_counted_under_every_method
     bad = {0: float("nan"), 1: float("inf")}
     for j in range(3):
         leader.handle(push(0.0, j, 10 + j, 1, 0))
-    decided, t = [], 0.0
+    decided, told, t = [], [], 0.0
     while leader.round is not None:  # rounds take what arrived, as each method does
         t += 100.0
         leader.handle(L.Tick(t))  # a grace window closes
@@ -854,6 +880,8 @@ def test_a_non_finite_pseudo_gradient_is_rejected_and_counted_under_every_method
         (req,) = [a for a in acts if isinstance(a, L.RequestNorms)]
         norms = tuple(bad.get(j, 1.0) for j in req.learners)
         acts = leader.handle(L.FollowerNorms(t, 0, rnd.round_id, norms))
+        told += [(a.learner, a.kind) for a in acts if isinstance(a, L.Unused)]
+        acts = [a for a in acts if not isinstance(a, L.Unused)]
         if any(isinstance(a, L.Decide) for a in acts):
             (apply,) = leader.handle(L.FollowerMerged(t, 0, rnd.round_id, 0.25))
             acts = leader.handle(L.FollowerApplied(t, 0, rnd.round_id, apply.version))
@@ -865,6 +893,7 @@ def test_a_non_finite_pseudo_gradient_is_rejected_and_counted_under_every_method
         decided += list(zip(req.learners, leader.tape.round_records()[-1].accepted, strict=True))
     assert sorted(decided) == [(0, False), (1, False), (2, True)]
     assert leader.refused["nonfinite"] == 2
+    assert sorted(told) == [(0, "nonfinite"), (1, "nonfinite")]  # each sender was told
     assert totals(leader) == {
         "reported": 33,
         "applied": 12,

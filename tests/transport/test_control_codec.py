@@ -82,6 +82,7 @@ EXAMPLES = [
     m.GrantChunk(learner=22, chunk=0),
     m.Evict(learner=24, reason="missed heartbeats", incarnation=2),
     m.Refuse(learner=25, reason="stale"),
+    m.Unused(learner=26, round_id=4, kind="nonfinite", reason="squared norm nan"),
     m.Stop(reason="budget reached"),
 ]
 
@@ -104,7 +105,7 @@ def same(a, b) -> bool:
 
 def test_every_message_class_is_mapped():
     assert set(c.MESSAGE_TYPES) == set(m.MESSAGES.values())
-    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 27
+    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 28
     cases = {fd.name for fd in pb.Envelope.DESCRIPTOR.oneofs_by_name["message"].fields}
     assert cases == {c.case_name(cls) for cls in m.MESSAGES.values()}
     assert c.case_name(m.PushRequested) == "push_requested"

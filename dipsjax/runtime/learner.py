@@ -67,7 +67,7 @@ from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
 from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.transport.dataplane import DataPlaneClient, FrameError, TransferError
+from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
 
 class Stopped(Exception):
@@ -81,6 +81,16 @@ class Evicted(Stopped):
 
 
 EVICTED = 75  # exit code (EX_TEMPFAIL): start me again as a new incarnation
+
+
+class Unreachable(Stopped):
+    """A push did not go through within ``RunSpec.transfer_patience`` to followers the
+    leader still hears from: this learner's link is down. The process exits with
+    :data:`UNREACHABLE`; the launcher starts a new incarnation, and the leader drops the
+    push it could not finish (the round goes on without it)."""
+
+
+UNREACHABLE = 69  # exit code (EX_UNAVAILABLE)
 
 
 class JoinRefused(RuntimeError):
@@ -160,15 +170,21 @@ class LearnerNode:
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
+        # Fault injection: a cut link, in the first incarnation (a new one has a new link).
+        self.cut = dict(spec.link_cuts).get(j) if incarnation == 0 else None
+        links = [LinkCut() if self.cut else None for _ in spec.followers]
         # Connecting gives up after 5 s (``retrying`` tries again, looking up meanwhile
         # whether a replacement follower took over on another port).
         self.data, self.pull_data = (
             [
-                DataPlaneClient(address(a), ssl_context=tls, rate=rate, connect_timeout=5.0)
-                for a in spec.followers
+                DataPlaneClient(
+                    address(a), ssl_context=tls, rate=rate, link=link, connect_timeout=5.0
+                )
+                for a, link in zip(spec.followers, links, strict=True)
             ]
             for _ in range(2)
         )
+        self.pushes = 0  # pushes started by this process
         self.actions: queue.Queue = queue.Queue()
         self.moving = threading.Lock()
         self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
@@ -291,6 +307,7 @@ class LearnerNode:
             lambda k: retrying(
                 lambda: clients[k].pull(version, codec="fp32"),
                 f"pull from follower {k}",
+                patience=self.spec.transfer_patience,
                 on_error=lambda: self.find_follower(k),
             ),
             range(len(clients)),
@@ -315,6 +332,16 @@ class LearnerNode:
             )
 
         order = sorted(by_follower)
+        self.pushes += 1
+        if self.cut and self.pushes == 2:  # fault injection: the link cut mid-push
+            print(
+                f"learner {self.j}: link to follower {order[-1]} cut for {self.cut} s, "
+                f"round {plan.round_id}",
+                flush=True,
+            )
+            link = self.data[order[-1]].link
+            assert link is not None
+            link.cut_after(1 << 16, self.cut)
         if self.spec.push_pause > 0 and len(order) > 1:  # fault injection: a push cut mid-way
             one(order[0])
             print(f"learner {self.j}: mid-push pause, round {plan.round_id}", flush=True)
@@ -322,7 +349,10 @@ class LearnerNode:
             order = order[1:]
         in_parallel(
             lambda k: retrying(
-                lambda: one(k), f"push to follower {k}", on_error=lambda: self.find_follower(k)
+                lambda: one(k),
+                f"push to follower {k}",
+                patience=self.spec.transfer_patience,
+                on_error=lambda: self.find_follower(k),
             ),
             order,
         )
@@ -341,7 +371,11 @@ class LearnerNode:
         for clients in (self.data, self.pull_data):
             old = clients[k]
             clients[k] = DataPlaneClient(
-                address(moved), ssl_context=old.ssl_context, rate=old.rate, connect_timeout=5.0
+                address(moved),
+                ssl_context=old.ssl_context,
+                rate=old.rate,
+                link=old.link,
+                connect_timeout=5.0,
             )
             old.close()
 
@@ -523,6 +557,9 @@ class LearnerNode:
         except Evicted as e:
             print(f"learner {self.j}: evicted ({e}) after {self.rounds} rounds", flush=True)
             self.exit_code = EVICTED
+        except Unreachable as e:
+            print(f"learner {self.j}: unreachable ({e}) after {self.rounds} rounds", flush=True)
+            self.exit_code = UNREACHABLE
         except JoinRefused as e:
             print(f"learner {self.j}: the leader refused to let it join: {e}", flush=True)
             self.exit_code = REFUSED
@@ -634,9 +671,17 @@ class LearnerNode:
             try:
                 self.push(a, delta)
             except TRANSFER_ERRORS as e:
-                # A follower died and did not come back in time: the leader discards the
-                # round (that follower is lost) and asks its learners to pull.
                 print(f"learner {self.j}: push of round {a.round_id} failed ({e})", flush=True)
+                # A follower died and did not come back in time: the leader discards the
+                # round (that follower is lost) and asks its learners to pull. If the
+                # leader hears from every follower, the link is what is down.
+                up = set(self.control.status(timeout=5.0)["followers_up"])
+                if {tr.follower for tr in a.transfers} <= up:
+                    # Leave at once (the round goes on without the push it could not
+                    # finish); the launcher starts a new incarnation on a new link.
+                    with contextlib.suppress(Exception):
+                        self.control.call(m.Leave(0.0, self.j))
+                    raise Unreachable(f"round {a.round_id}: followers up, link down") from e
             else:
                 if overlap:
                     self.fresh.clear()

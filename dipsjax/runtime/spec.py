@@ -54,6 +54,15 @@ class RunSpec:
       link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; each of that
         learner's data-plane connections (one per follower) carries at most this many
         bytes a second each way (a slow link).
+      link_cuts: fault injection, for tests: ``(learner, seconds)`` pairs; in the second
+        push of that learner's first incarnation, its link to the last follower of the plan is cut 64 KiB into the
+        transfer (the connection severed mid-frame), and no connection to that follower
+        goes through for ``seconds`` (a cut link).
+      transfer_patience: seconds a learner keeps trying a push or pull that fails (a
+        follower restarting, a cut link). Past it, a push to a follower the leader still
+        hears from is given up: the link is down, so the learner exits with code 69 and
+        the launcher starts a new incarnation (the leader drops the push it could not
+        finish, and the round goes on without it).
       apply_delay: fault injection, for tests: seconds each follower waits before it
         applies an outer step (a slow update); 0 in real runs.
       compute_in_turns: followers on one host take turns at their outer-step computations
@@ -82,6 +91,8 @@ class RunSpec:
     apply_delay: float = 0.0
     push_pause: float = 0.0
     link_rates: tuple[tuple[int, float], ...] = ()
+    link_cuts: tuple[tuple[int, float], ...] = ()
+    transfer_patience: float = 60.0
     compute_in_turns: bool = False
     move_followers: bool = True
     checkpoints: bool = True
@@ -114,6 +125,12 @@ class RunSpec:
                 "link_rates",
                 "(learner, bytes/s > 0) pairs",
             ),
+            (
+                all(len(x) == 2 and x[1] > 0 for x in self.link_cuts),
+                "link_cuts",
+                "(learner, seconds > 0) pairs",
+            ),
+            (self.transfer_patience > 0, "transfer_patience", "> 0 seconds"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -171,6 +188,7 @@ class RunSpec:
         d["followers"] = tuple(d["followers"])
         d["layer_owner"] = tuple(d["layer_owner"])
         d["link_rates"] = tuple(tuple(x) for x in d.get("link_rates", ()))
+        d["link_cuts"] = tuple(tuple(x) for x in d.get("link_cuts", ()))
         return cls(**d)
 
     def write(self, path: str | Path) -> None:

@@ -587,6 +587,77 @@ class Throttled:
         return getattr(self.sock, name)
 
 
+class LinkCut:
+    """Fault injection: a link that can be cut. :meth:`cut_after` arms it: once ``nbytes``
+    more bytes went out on its connections, every connection is severed mid-transfer (the
+    peer sees a stream end inside a frame) and for ``seconds`` no connection goes through
+    (each attempt times out after a second, as a link that drops packets)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._socks: list[Any] = []
+        self._left: int | None = None  # bytes until the armed cut
+        self._seconds = 0.0
+        self.until = 0.0  # monotonic time the link comes back
+        self.cuts = 0
+
+    def cut_after(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self._left, self._seconds = nbytes, seconds
+
+    def check(self) -> None:
+        """Raises while the link is cut."""
+        left = self.until - time.monotonic()
+        if left > 0:
+            time.sleep(min(left, 1.0))
+            raise TimeoutError(f"link cut (fault injection), back in {max(left - 1, 0):.1f} s")
+
+    def wrap(self, sock: Any) -> Any:
+        with self._lock:
+            self._socks = [x for x in self._socks if x.fileno() != -1] + [sock]
+        return _OnLink(sock, self)
+
+    def _may_send(self, n: int) -> int:
+        """How many of ``n`` bytes go out before the cut (``n``: all of them)."""
+        with self._lock:
+            if self._left is None or n < self._left:
+                if self._left is not None:
+                    self._left -= n
+                return n
+            k, self._left = self._left, None
+            return k
+
+    def _sever(self) -> None:
+        with self._lock:
+            self.until, self.cuts = time.monotonic() + self._seconds, self.cuts + 1
+            for x in self._socks:  # every connection of the link
+                with contextlib.suppress(OSError):
+                    x.shutdown(socket.SHUT_RDWR)
+
+
+class _OnLink:
+    """A socket on a :class:`LinkCut` (it fails once the link is cut)."""
+
+    def __init__(self, sock: Any, link: LinkCut) -> None:
+        self.sock, self.link = sock, link
+
+    def sendall(self, data: Any) -> None:
+        self.link.check()
+        view = memoryview(data).cast("B")
+        k = self.link._may_send(len(view))
+        self.sock.sendall(view[:k])
+        if k < len(view):
+            self.link._sever()
+            raise ConnectionResetError("link cut (fault injection) mid-transfer")
+
+    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
+        self.link.check()
+        return self.sock.recv_into(buffer, nbytes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
 class DataPlaneClient:
     """A learner's connection to one follower's data plane."""
 
@@ -598,16 +669,20 @@ class DataPlaneClient:
         connect_timeout: float = 60.0,
         ssl_context: ssl.SSLContext | None = None,
         rate: float | None = None,
+        link: LinkCut | None = None,
     ) -> None:
         self.address = tuple(address)
         self.ssl_context = ssl_context
         self.rate = rate  # bytes/s each way (fault injection: a slow link); None: no limit
+        self.link = link  # fault injection: a link that can be cut
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
 
     def _connect(self) -> socket.socket:
         if self._sock is None:
+            if self.link is not None:
+                self.link.check()
             deadline = time.monotonic() + self.connect_timeout
             while True:  # the follower may still be starting
                 try:
@@ -624,6 +699,8 @@ class DataPlaneClient:
                 except OSError:
                     sock.close()
                     raise
+            if self.link is not None:
+                sock = self.link.wrap(sock)
             self._sock = sock if self.rate is None else Throttled(sock, self.rate)
         return self._sock
 

@@ -181,6 +181,41 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     assert all(p.pushed_at < killed_at for p in pushes if p.meta.incarnation == 0)
 
 
+def test_a_cut_link_is_retried_while_short_and_ends_the_incarnation_when_longer(tmp_path):
+    """Fault injection ``link_cuts``: in each learner's second push its link to follower 1
+    is severed 64 KiB into the transfer. Learner 0's comes back after 3 s: it sends the
+    push again, whole, and the round takes it once. Learner 1's stays cut past
+    ``transfer_patience`` (8 s) while the leader still hears from both followers: it
+    leaves (the round goes on without the push it could not finish), exits with code 69,
+    and the launcher starts a new incarnation on a new link."""
+    sim = _sim()
+    run = tmp_path / "run"
+    spec = dataclasses.replace(
+        make_spec(sim, run), link_cuts=((0, 3.0), (1, 120.0)), transfer_patience=8.0
+    )
+    launcher = _start(spec, tmp_path)
+    summary = _finish(launcher, run)
+    tape = _check_run(run, sim, summary)
+    assert [(r["role"], r["rc"]) for r in _restarts(run)] == [("learner1", 69)]
+    rounds = {r.round_id: r for r in tape.round_records()}
+    logs = [(run / "logs" / f"learner{j}.log").read_text() for j in (0, 1)]
+    cut = [int(x.split(" s, round ")[1].split()[0]) for x in logs]
+    # Learner 0: retried after the cut, the push taken once into its round.
+    assert "push to follower 1 failed" in logs[0] and "unreachable" not in logs[0]
+    assert [p.learner for p in rounds[cut[0]].participants].count(0) == 1
+    # Learner 1: gave up, left; its cut push entered no round; incarnation 1 joined after
+    # the leave, pulled, and contributed.
+    assert "unreachable" in logs[1]
+    r1 = rounds[cut[1]]
+    assert all(p.learner != 1 for p in r1.participants + r1.dropped), r1
+    members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 1]
+    (leave,) = [r for r in members if r["event"] == "leave"]
+    joins = [r for r in members if r["event"] == "join" and r.get("incarnation") == 1]
+    assert len(joins) == 1 and leave["t"] < joins[0]["t"], members
+    later = [p for r in rounds.values() for p in r.participants if p.learner == 1]
+    assert any(p.meta.incarnation == 1 for p in later), members
+
+
 def _calm(run, learners):
     """Version 2, every learner in (none still compiling), and no follower applying an
     outer step (killing one then would stop the run loudly: its shards would disagree

@@ -109,6 +109,33 @@ def test_refusals_are_counted_by_kind_and_only_broken_transfers_may_be_retried(f
     assert seen[0][1] == "round 3 has ended"
 
 
+def test_a_link_cut_mid_push_stages_nothing_and_the_push_goes_through_when_it_is_back(
+    follower,
+):
+    """Fault injection ``LinkCut``: the connection is severed inside a push; the follower
+    refuses the truncated stream (``frame``) and stages nothing; while the link is cut no
+    connection goes through; once it is back, the same push goes through whole."""
+    link = dp.LinkCut()
+    client = dp.DataPlaneClient(follower.server.address, link=link)
+    client.pull(5)  # the connection is up before the cut
+    link.cut_after(1000, seconds=1.5)  # inside the first tensor's frame
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionResetError, match="link cut"):
+        client.push(2, 1, 0, 4, PARAMS.items())
+    with pytest.raises(TimeoutError, match="link cut"):
+        client.push(2, 1, 0, 4, PARAMS.items())
+    deadline = time.monotonic() + 10
+    while follower.server.refused.get("frame", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert follower.server.refused == {"frame": 1} and follower.pushes == {}
+    while time.monotonic() - t0 < 1.5:
+        time.sleep(0.1)
+    client.push(2, 1, 0, 4, PARAMS.items())
+    _, _, got = follower.pushes[2, 1]
+    assert sorted(got) == sorted(PARAMS) and link.cuts == 1
+    client.close()
+
+
 def _raw(address):
     sock = socket.create_connection(address, timeout=10)
     return sock

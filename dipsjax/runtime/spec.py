@@ -55,9 +55,9 @@ class RunSpec:
         learner's data-plane connections (one per follower) carries at most this many
         bytes a second each way (a slow link).
       link_cuts: fault injection, for tests: ``(learner, seconds)`` pairs; in the second
-        push of that learner's first incarnation, its link to the last follower of the plan is cut 64 KiB into the
-        transfer (the connection severed mid-frame), and no connection to that follower
-        goes through for ``seconds`` (a cut link).
+        push of that learner's first incarnation, its link to the last follower of the
+        plan is cut 64 KiB into the transfer (the connection severed mid-frame), and no
+        connection to that follower goes through for ``seconds`` (a cut link).
       transfer_patience: seconds a learner keeps trying a push or pull that fails (a
         follower restarting, a cut link). Past it, a push to a follower the leader still
         hears from is given up: the link is down, so the learner exits with code 69 and

@@ -83,12 +83,13 @@ class FollowerNode:
         method = methods.build(spec.sim.method, spec.method_settings())
         tx = method.make_tx()
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
-        version, opt_state = 0, None
+        version, opt_state, ended = 0, None, []
         if resume is not None:
             template = (shard, tx.init(shard))
             step = None if resume < 0 else resume  # -1: the newest (a restart mid-run)
             (shard, opt_state), meta = self.ckpt.restore(template, step=step)
             version = int(meta["version"])
+            ended = meta.get("ended", [])  # rounds over by then: their replays are refused
             self.ckpt.drop_after(version)  # a newer step is from a round never finished
             print(f"follower {k}: resumed at version {version}", flush=True)
         self.follower = Follower(
@@ -100,6 +101,7 @@ class FollowerNode:
             version=version,
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
+            ended=ended,
         )
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
@@ -204,7 +206,8 @@ class FollowerNode:
                     # On disk before the leader hears of it: a follower killed at any moment
                     # restarts at the leader's version (or, mid-update, at the one before).
                     st = f.state
-                    self.ckpt.save(v, (st.params, st.opt_state), {"version": v})
+                    meta = {"version": v, "ended": f.ended_rounds()}
+                    self.ckpt.save(v, (st.params, st.opt_state), meta)
                     self.ckpt.wait()
                 reply = m.FollowerApplied(0.0, k, action.round_id, v)
                 after = functools.partial(self._after_apply, d, action, v, apply_s)

@@ -357,6 +357,13 @@ class LearnerNode:
             order,
         )
 
+    def _followers_up(self) -> set[int]:
+        """The followers the leader hears from (none when it cannot be asked)."""
+        try:
+            return set(self.control.status(timeout=5.0)["followers_up"])
+        except Exception:  # the leader away too: not this learner's link to judge
+            return set()
+
     def find_follower(self, k: int) -> None:
         """Follower ``k`` did not answer: if the leader knows it at another address (a
         replacement took over its shard), talk to that one from now on."""
@@ -672,10 +679,11 @@ class LearnerNode:
                 self.push(a, delta)
             except TRANSFER_ERRORS as e:
                 print(f"learner {self.j}: push of round {a.round_id} failed ({e})", flush=True)
-                # A follower died and did not come back in time: the leader discards the
-                # round (that follower is lost) and asks its learners to pull. If the
-                # leader hears from every follower, the link is what is down.
-                up = set(self.control.status(timeout=5.0)["followers_up"])
+                # A follower died and did not come back in time, or a replacement refused
+                # the push of a round that ended meanwhile: the leader discards the round
+                # (that follower was lost) and asks its learners to pull. If it was not
+                # refused and the leader hears from every follower, the link is down.
+                up = set() if getattr(e, "refused", False) else self._followers_up()
                 if {tr.follower for tr in a.transfers} <= up:
                     # Leave at once (the round goes on without the push it could not
                     # finish); the launcher starts a new incarnation on a new link.

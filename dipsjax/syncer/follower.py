@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -85,7 +85,10 @@ class Follower:
         version: int = 0,
         opt_state: Any = None,
         version_cache: int = 8,
+        ended: Iterable[Sequence[int]] = (),
     ) -> None:
+        """``ended``: rounds that ended before a restart, as ``[first, last]`` ranges (what
+        :meth:`ended_rounds` gave, kept in the checkpoint): pushes for them are replays."""
         if reference not in REFERENCES:
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
         if capacity < 1:
@@ -106,7 +109,8 @@ class Follower:
         self._staged: dict[tuple[int, int], Any] = {}
         self._batch: dict[int, tuple[tuple[int, ...], Any]] = {}
         self._incarnations: dict[tuple[int, int], int] = {}  # of each staged shard
-        self._done: set[int] = set()  # rounds applied or discarded: a push for one is a replay
+        # Rounds applied or discarded: a push for one is a replay.
+        self._done: set[int] = {r for a, b in ended for r in range(int(a), int(b) + 1)}
         self.decisions: dict[int, Decide] = {}  # the decision merged in each round
 
     @property
@@ -122,6 +126,17 @@ class Follower:
         while len(self._versions) >= self.version_cache:  # make room first: one copy less
             self._versions.popitem(last=False)
         self._versions[self.state.version] = self.state.params  # immutable: no copy needed
+
+    def ended_rounds(self) -> list[list[int]]:
+        """The rounds that ended here, as sorted ``[first, last]`` ranges (JSON-ready, for
+        the checkpoint: a restarted follower refuses their replays too)."""
+        ranges: list[list[int]] = []
+        for r in sorted(self._done):
+            if ranges and r == ranges[-1][1] + 1:
+                ranges[-1][1] = r
+            else:
+                ranges.append([r, r])
+        return ranges
 
     def cached_versions(self) -> tuple[int, ...]:
         return tuple(self._versions)

@@ -11,13 +11,17 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from dipsjax.data import ledger as chunks
+from dipsjax.runtime.client import model_shapes
 from dipsjax.runtime.run import final_params, make_spec
+from dipsjax.runtime.spec import address
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal
 from dipsjax.syncer.tape import EventTape
+from dipsjax.transport.dataplane import DataPlaneClient, TransferError
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -183,15 +187,17 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
 
 def test_a_cut_link_is_retried_while_short_and_ends_the_incarnation_when_longer(tmp_path):
     """Fault injection ``link_cuts``: in each learner's second push its link to follower 1
-    is severed 64 KiB into the transfer. Learner 0's comes back after 3 s: it sends the
+    is severed 64 KiB into the transfer. Learner 0's comes back after 2.5 s: it sends the
     push again, whole, and the round takes it once. Learner 1's stays cut past
-    ``transfer_patience`` (8 s) while the leader still hears from both followers: it
+    ``transfer_patience`` (6 s) while the leader still hears from both followers: it
     leaves (the round goes on without the push it could not finish), exits with code 69,
     and the launcher starts a new incarnation on a new link."""
-    sim = _sim()
+    # A budget long enough that learner 1's next incarnation (compiling for some 15 s)
+    # joins before the others reach it.
+    sim = _sim(token_budget=3 * 12 * 512 * 24)
     run = tmp_path / "run"
     spec = dataclasses.replace(
-        make_spec(sim, run), link_cuts=((0, 3.0), (1, 120.0)), transfer_patience=8.0
+        make_spec(sim, run), link_cuts=((0, 2.5), (1, 120.0)), transfer_patience=6.0
     )
     launcher = _start(spec, tmp_path)
     summary = _finish(launcher, run)
@@ -247,7 +253,22 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
     run, spec, launcher = _start_calm(tmp_path, sim)
     moved = spec.move_followers
     killed_at = _status(run)["t"]
+    old = _status(run)["follower_addresses"]["1"]
     _kill(run, "follower1")
+    # The replacement refuses a replay of round 0, which ended before it was killed (the
+    # rounds that ended are in its checkpoint): the push is not staged.
+    back = _wait(
+        lambda: (a := _status(run)["follower_addresses"].get("1")) and a != old and a,
+        "the replacement follower",
+        launcher,
+    )
+    shapes = list(model_shapes(spec).values())
+    mine = [(i, np.zeros(shapes[i][0], np.float32)) for i, k in enumerate(spec.layer_owner) if k]
+    replay_client = DataPlaneClient(address(back), ssl_context=spec.ssl_client())
+    with pytest.raises(TransferError, match="round 0 has ended") as e:
+        replay_client.push(0, 0, 0, 0, mine, codec="fp32")
+    assert e.value.refused
+    replay_client.close()
     summary = _finish(launcher, run)
     tape = _check_run(run, sim, summary)
     _only_restart(run, "follower1")

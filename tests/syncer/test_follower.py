@@ -1,5 +1,7 @@
 """Followers: the union of their shard updates equals the single-process outer step."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -304,3 +306,28 @@ def test_replayed_and_duplicate_pushes_are_refused_by_kind_and_change_nothing():
             f.receive(1, 1, bad)
         assert e.value.kind == kind
     assert f.receive(1, 1, one) == "staged"  # still serving
+
+
+def test_ended_rounds_survive_a_restart_from_the_checkpoint_meta():
+    """A follower restarted from its checkpoint still refuses replays of rounds that ended
+    before it (``ended_rounds()`` goes into the checkpoint's JSON meta as ranges and comes
+    back through ``ended=``); rounds it never saw end are staged as before."""
+    from dipsjax.syncer.follower import PushRefused
+
+    f = Follower(0, {"w": np.zeros((2, 2), np.float32)}, outer.diloco(), capacity=2)
+    for r in (0, 1, 2, 5, 7, 8):
+        f.discard(r)
+    assert f.ended_rounds() == [[0, 2], [5, 5], [7, 8]]
+    g = Follower(
+        0,
+        {"w": np.zeros((2, 2), np.float32)},
+        outer.diloco(),
+        capacity=2,
+        ended=json.loads(json.dumps(f.ended_rounds())),
+    )
+    for r in (0, 1, 2, 5, 7, 8):
+        with pytest.raises(PushRefused, match=f"round {r} has ended") as e:
+            g.receive(r, 1, {"w": np.ones((2, 2))})
+        assert e.value.kind == "replayed"
+    for r in (3, 4, 6, 9):
+        assert g.receive(r, 1, {"w": np.ones((2, 2))}) == "staged"

@@ -94,8 +94,12 @@ class LeaderNode:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.tb = _writer(self.dir / "tb" / "leader")
         # Calls refused before the core saw them (unauthenticated, malformed); the core
-        # counts what it refuses itself (``Leader.refused``). Both are in the status.
+        # counts what it refuses itself (``Leader.refused``). Both are in the status, and
+        # both in the snapshot (these are saved with the next event's snapshot).
         self.refused: Counter[str] = Counter()
+        snap = self.dir / "leader" / "snapshot.json"
+        if resumed and snap.exists():
+            self.refused.update(json.loads(snap.read_text()).get("transport_refused", {}))
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -172,6 +176,7 @@ class LeaderNode:
         tmp = snap.with_suffix(".tmp")
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
+        state["transport_refused"] = dict(self.refused)
         tmp.write_text(json.dumps(state, allow_nan=False))
         os.replace(tmp, snap)  # atomic
         for r in records:

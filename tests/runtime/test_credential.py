@@ -22,16 +22,25 @@ from dipsjax.syncer import messages as m
 pytestmark = [pytest.mark.integration]
 
 
+def _leader_cmd(tmp_path):
+    return [sys.executable, "-m", "dipsjax.runtime.leader", str(tmp_path / "run" / "spec.json")]
+
+
 @pytest.fixture
-def leader(tmp_path):
+def leader_proc(tmp_path):
+    """A real leader process: ``(spec, process)``."""
     spec = make_spec(SimConfig(learners=2, followers=1), tmp_path / "run")
     spec.write(tmp_path / "run" / "spec.json")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(tmp_path / "run" / "spec.json")]
-    proc = subprocess.Popen(cmd, env=env)
-    yield spec
+    proc = subprocess.Popen(_leader_cmd(tmp_path), env=env)
+    yield spec, proc
     proc.send_signal(signal.SIGTERM)
     proc.wait(30)
+
+
+@pytest.fixture
+def leader(leader_proc):
+    return leader_proc[0]
 
 
 def _refused(client: ControlClient, timeout: float) -> set[grpc.StatusCode]:
@@ -48,9 +57,9 @@ def _refused(client: ControlClient, timeout: float) -> set[grpc.StatusCode]:
 
 
 def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_status(
-    leader, tmp_path
+    leader_proc, tmp_path
 ):
-    spec = leader
+    spec, proc = leader_proc
     # 1. Another job's certificates and token: the TLS handshake fails, nothing is called.
     other = credentials.create(tmp_path / "other")
     stranger = ControlClient(dataclasses.replace(spec, credentials=other.directory), learner=0)
@@ -109,6 +118,17 @@ def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_
     tape = Path(spec.run_dir) / "tape.jsonl"
     joins = [x for x in tape.read_text().splitlines() if '"join"' in x]
     assert len(joins) == 1
+    # Killed and restarted from its snapshot, the leader still counts every refusal,
+    # those of its transport (unauthenticated, malformed) too.
+    refused = member.status()["refused"]
+    proc.kill()
+    proc.wait(30)
+    again = subprocess.Popen([*_leader_cmd(tmp_path), "--resume"])
+    try:
+        assert member.status(timeout=60)["refused"] == refused
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.wait(30)
     for c in (stranger, plain, outsider, member):
         c.close()
 

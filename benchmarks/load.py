@@ -41,6 +41,7 @@ def main() -> None:
         action="store_true",
         help="the leader (and the probe) on a core of their own, the rest on the others",
     )
+    parser.add_argument("--nice", type=int, default=0, help="niceness of all but the leader")
     args = parser.parse_args()
 
     from dipsjax.runtime.run import make_spec
@@ -61,7 +62,7 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="dipsjax-load-")) / "run"
     spec = make_spec(sim, run_dir)
     print(f"{args.learners} stand-ins, {len(spec.followers)} followers, {args.model}; {run_dir}")
-    out = launch_load(spec, groups=args.groups, timeout=1800, leader_core=args.leader_core)
+    out = launch_load(spec, groups=args.groups, timeout=1800, leader_core=args.leader_core, nice=args.nice)
     stats = list(out["standins"].values())
     books = out["status"]["tokens"]
     tape = EventTape.read(run_dir / "tape.jsonl")

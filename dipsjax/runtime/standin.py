@@ -275,6 +275,7 @@ def launch_load(
     idle_seconds: float = 3.0,
     leader_core: bool = False,
     poison: tuple[int, ...] = (),
+    nice: int = 0,
 ) -> dict[str, Any]:
     """Runs a real leader and followers with ``spec.sim.learners`` stand-ins in ``groups``
     processes until the leader stops the job (its token budget); returns the stand-ins'
@@ -300,6 +301,8 @@ def launch_load(
 
     def start(name: str, module: str, *args: str, first: bool = False) -> None:
         procs.start(name, module, *args)
+        if nice and not first:  # the whole new session: every thread, now and later
+            os.setpriority(os.PRIO_PGRP, procs.procs[name].pid, nice)
         if split:
             os.sched_setaffinity(procs.procs[name].pid, set(cores[:1] if first else cores[1:]))
 

@@ -62,7 +62,9 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="dipsjax-load-")) / "run"
     spec = make_spec(sim, run_dir)
     print(f"{args.learners} stand-ins, {len(spec.followers)} followers, {args.model}; {run_dir}")
-    out = launch_load(spec, groups=args.groups, timeout=1800, leader_core=args.leader_core, nice=args.nice)
+    out = launch_load(
+        spec, groups=args.groups, timeout=1800, leader_core=args.leader_core, nice=args.nice
+    )
     stats = list(out["standins"].values())
     books = out["status"]["tokens"]
     tape = EventTape.read(run_dir / "tape.jsonl")

@@ -15,6 +15,7 @@ DELEGATED = {
     "run": ("dipsjax.runtime.run", "leader, followers and learners as processes on this machine"),
     "credentials": ("dipsjax.runtime.credentials", "create a run's TLS certificates and job token"),
     "snapshot": ("dipsjax.runtime.snapshot", "consistent snapshot of a running job, to resume"),
+    "status": ("dipsjax.runtime.status", "live view of a running job, from its leader"),
 }
 
 

@@ -42,8 +42,8 @@ from dipsjax.data.ledger import new_ledger
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.leader import Leader
-from dipsjax.syncer.tape import EventTape
+from dipsjax.syncer.leader import Leader, Phase
+from dipsjax.syncer.tape import EventTape, phase_seconds
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
@@ -97,6 +97,7 @@ class LeaderNode:
         # counts what it refuses itself (``Leader.refused``). Both are in the status, and
         # both in the snapshot (these are saved with the next event's snapshot).
         self.refused: Counter[str] = Counter()
+        self.last_round: dict[str, Any] | None = None  # the newest round ended, for status
         snap = self.dir / "leader" / "snapshot.json"
         if resumed and snap.exists():
             self.refused.update(json.loads(snap.read_text()).get("transport_refused", {}))
@@ -182,6 +183,13 @@ class LeaderNode:
         for r in records:
             if r["kind"] == "round":
                 self._log_round(r)
+                self.last_round = {
+                    "id": r["round_id"],
+                    "version": r["version"],
+                    "applied": r["applied"],
+                    "participants": len(r["participants"]),
+                    "phases": phase_seconds(r["timings"], r["grace"]),
+                }
         (self.dir / "leader" / "status.json").write_text(json.dumps(self.status()))
 
     def status(self) -> dict:
@@ -209,8 +217,23 @@ class LeaderNode:
                 "accepted": ld.clock.get(j, 0),
                 "incarnation": member.incarnation,
             }
+        now = self.now()
+        current = None
+        if rnd is not None:
+            closes = None
+            if rnd.deadline is not None and rnd.phase is Phase.COLLECTING:
+                closes = max(rnd.deadline - now, 0.0)
+            current = {
+                "id": rnd.round_id,
+                "phase": rnd.phase.value,
+                "pushes": sorted(p.learner for p in rnd.pushes),
+                "opened": rnd.opened,
+                "grace": rnd.grace if rnd.quorum_at is not None else None,
+                "grace_closes_in": closes,
+            }
+        books = ld.ledger.totals()
         return {
-            "t": self.now(),
+            "t": now,
             "version": ld.version,
             "rounds": ld.next_round_id,
             "phase": ld.phase.value,
@@ -220,7 +243,10 @@ class LeaderNode:
                 str(k): a for k, a in sorted(ld.follower_addresses.items()) if ld.followers_up[k]
             },
             "learners": learners,
-            "tokens": ld.ledger.totals(),
+            "tokens": books,
+            "tokens_per_s": books["reported"] / max(now, 1e-9),  # since the leader started
+            "round": current,
+            "last_round": self.last_round,
             "budget": ld.config.token_budget,
             "stopped": ld.stopped,
             "refused": dict(sorted((ld.refused + self.refused).items())),

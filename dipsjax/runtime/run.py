@@ -38,7 +38,7 @@ from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec
 from dipsjax.sim.config import SimConfig
-from dipsjax.syncer.tape import EventTape
+from dipsjax.syncer.tape import EventTape, phase_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,6 +110,9 @@ class Processes:
 
     def start(self, name: str, module: str, *args: str, core: int | None = None) -> None:
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+        # A persistent compilation cache shared by the run's processes (unless one is set):
+        # a restarted learner loads its compiled steps rather than compiling them again.
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(self.spec.run_dir) / "jax-cache"))
         cmd = [sys.executable, "-m", module, str(Path(self.spec.run_dir) / "spec.json"), *args]
         log = (self.logs / f"{name}.log").open("a" if name in self.procs else self.mode)
         cores = os.sched_getaffinity(0)
@@ -252,12 +255,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     tape = EventTape.read(tape_path) if tape_path.exists() else EventTape()
     rounds = tape.round_records()
 
-    def mean_phase(a: str, b: str) -> float:
-        xs = [
-            r.timings[b] - r.timings[a]
-            for r in rounds
-            if r.timings.get(a) is not None and r.timings.get(b) is not None
-        ]
+    phases = [phase_seconds(r.timings, r.grace) for r in rounds]
+
+    def mean_phase(name: str) -> float:
+        xs = [x for p in phases if (x := p[name]) is not None]
         return sum(xs) / len(xs) if xs else 0.0
 
     return {
@@ -270,9 +271,9 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "participants_per_round": [len(r.participants) for r in rounds],
         "phase_seconds": {
             "grace": sum(r.grace for r in rounds) / max(len(rounds), 1),
-            "push": mean_phase("closed", "transfers_done"),
-            "update": mean_phase("transfers_done", "applied"),
-            "pull": mean_phase("applied", "ended"),
+            "push": mean_phase("push"),
+            "update": mean_phase("update"),
+            "pull": mean_phase("pull"),
         },
     }
 

@@ -167,6 +167,25 @@ class RoundRecord:
         return cls(**d)
 
 
+PHASES = {
+    "push": ("closed", "transfers_done"),
+    "update": ("transfers_done", "applied"),
+    "pull": ("applied", "ended"),
+}
+
+
+def phase_seconds(timings: dict[str, Any], grace: float) -> dict[str, float | None]:
+    """A round's time in each phase, as the paper's production table: ``grace`` (the
+    window after the quorum), ``push`` (window closed to transfers done), ``update``
+    (norms, decision, merge, apply) and ``pull``; ``None`` for a phase it did not reach."""
+    out: dict[str, float | None] = {"grace": grace}
+    for name, (a, b) in PHASES.items():
+        ta, tb = timings.get(a), timings.get(b)
+        ok = isinstance(ta, float | int) and isinstance(tb, float | int)
+        out[name] = float(tb - ta) if ok else None
+    return out
+
+
 @dataclasses.dataclass
 class EventTape:
     """An append-only list of JSON-able records (``kind`` = ``round`` or ``membership``)."""

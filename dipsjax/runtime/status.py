@@ -1,0 +1,155 @@
+"""``dipsjax status RUN_DIR``: a live view of a running job, read from its leader through
+the authenticated control plane (mutual TLS and the job token, from the run's
+``spec.json`` and credentials).
+
+It shows the version and rounds, the round in progress (its pushes and when its grace
+window closes), the phase times of the last round (grace, push, update, pull, as the
+paper's production table), the members (state, incarnation, tokens, accepted pushes),
+the followers up, the token books against the budget, the throughput, and the refusals
+by kind. It refreshes every ``--every`` seconds until the job stops (or Ctrl-C);
+``--once`` prints one view, ``--json`` the leader's raw status.
+
+Run: ``dipsjax status runs/quickstart-TIME [--every 1] [--once] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dipsjax.runtime.spec import RunSpec
+
+
+class StatusError(RuntimeError):
+    """The leader could not be asked (not running, another job's credentials...)."""
+
+
+def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
+    """The leader's status of the job in ``run_dir`` (raises :class:`StatusError`)."""
+    from dipsjax.runtime.client import ControlClient
+
+    path = Path(run_dir) / "spec.json"
+    if not path.exists():
+        raise StatusError(f"no spec.json in {run_dir}: not a dipsjax run folder")
+    spec = RunSpec.read(path)
+    client = ControlClient(spec)
+    try:
+        return client.status(timeout=timeout)
+    except grpc.RpcError as e:
+        code = e.code()
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            why = "the leader refused the job credential (another job's token?)"
+        elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            why = (
+                f"no leader answered at {spec.leader} within {timeout:.0f} s "
+                "(the job has ended, or its credentials are not this leader's)"
+            )
+        else:
+            why = f"{code.name}: {e.details()}"
+        raise StatusError(why) from None
+    finally:
+        client.close()
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} s"
+
+
+def render(st: dict[str, Any]) -> Any:
+    """A rich renderable of one status."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    books = st["tokens"]
+    outstanding = books["reported"] - books["applied"] - books["rejected"] - books["dropped"]
+    budget = st.get("budget")
+    done = f" of {budget} ({100 * books['reported'] / budget:.0f}%)" if budget else ""
+    head = Text.assemble(
+        (f"version {st['version']}", "bold"),
+        f"   rounds {st['rounds']}   phase {st['phase']}   t {st['t']:.1f} s",
+        "   STOPPED" if st.get("stopped") else "",
+    )
+    lines = [
+        head,
+        Text(
+            f"tokens reported {books['reported']}{done}: applied {books['applied']}, "
+            f"rejected {books['rejected']}, dropped {books['dropped']}, "
+            f"in flight {outstanding};  "
+            f"{st.get('tokens_per_s', 0.0):.0f} tokens/s reported"
+        ),
+        Text(f"followers up {st['followers_up']}"),
+    ]
+    rnd = st.get("round")
+    if rnd:
+        closes = rnd.get("grace_closes_in")
+        window = "" if closes is None else f", grace window closes in {closes:.2f} s"
+        lines.append(
+            Text(
+                f"round {rnd['id']} ({rnd['phase']}): pushes from {rnd['pushes']}"
+                f"{window} (window {_seconds(rnd.get('grace'))})"
+            )
+        )
+    last = st.get("last_round")
+    if last:
+        ph = last["phases"]
+        lines.append(
+            Text(
+                f"last round {last['id']} ({'applied' if last['applied'] else 'not applied'}, "
+                f"{last['participants']} pushes): grace {_seconds(ph['grace'])}, push "
+                f"{_seconds(ph['push'])}, update {_seconds(ph['update'])}, pull "
+                f"{_seconds(ph['pull'])}"
+            )
+        )
+    if st.get("refused"):
+        said = ", ".join(f"{k} {n}" for k, n in st["refused"].items())
+        lines.append(Text(f"refused: {said}", style="yellow"))
+    table = Table("learner", "state", "incarnation", "tokens", "accepted")
+    for j, m in st["learners"].items():
+        table.add_row(j, m["state"], str(m["incarnation"]), str(m["tokens"]), str(m["accepted"]))
+    return Group(*lines, table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dipsjax status", description=__doc__)
+    parser.add_argument("run_dir", help="the run folder (holds spec.json)")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between refreshes")
+    parser.add_argument("--once", action="store_true", help="print one view and exit")
+    parser.add_argument("--json", action="store_true", help="print the raw status once")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for it")
+    args = parser.parse_args(argv)
+    if args.every <= 0:
+        parser.error(f"--every must be > 0 seconds, got {args.every}")
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console()
+    try:
+        st = read(args.run_dir, args.timeout)
+        if args.json:
+            print(json.dumps(st, indent=1))
+            return 0
+        if args.once:
+            console.print(render(st))
+            return 0
+        with Live(render(st), console=console, auto_refresh=False) as live:
+            while not st.get("stopped"):
+                time.sleep(args.every)
+                st = read(args.run_dir, args.timeout)
+                live.update(render(st), refresh=True)
+    except StatusError as e:
+        print(f"dipsjax status: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

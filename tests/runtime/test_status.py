@@ -1,0 +1,95 @@
+"""``dipsjax status``: a running job's view, read through the authenticated control plane
+of a real leader process."""
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from dipsjax.runtime import credentials
+from dipsjax.runtime import status as status_cmd
+from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime.run import make_spec
+from dipsjax.sim.config import SimConfig
+from dipsjax.syncer import messages as m
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture
+def run(tmp_path):
+    """A real leader of a 2-learner, 1-follower job: ``(run_dir, spec)``."""
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(learners=2, followers=1, token_budget=10_000), run_dir)
+    spec.write(run_dir / "spec.json")
+    cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(run_dir / "spec.json")]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    yield run_dir, spec
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+def _drive_one_round(spec):
+    """Learner 0 joins, pulls, pushes 6144 tokens; follower 0 carries the round out."""
+    learner = ControlClient(spec, learner=0)
+    follower = ControlClient(spec, follower=0)
+    follower.call(m.FollowerJoined(0.0, 0, 0, address=spec.followers[0]), timeout=30)
+    assert learner.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=30) == []
+    learner.call(m.PullDone(0.0, 0, 0))
+    learner.call(m.PushRequested(0.0, 0, m.PushMeta(6144, 12, 0, train_seconds=1.0)))
+    learner.call(m.TransferDone(0.0, 0, 0))
+    follower.call(m.FollowerNorms(0.0, 0, 0, (1.0,)))
+    follower.call(m.FollowerMerged(0.0, 0, 0, 0.5))
+    follower.call(m.FollowerApplied(0.0, 0, 0, 1))
+    learner.call(m.PullDone(0.0, 0, 1))
+    # A second push opens round 1, still collecting.
+    learner.call(m.PushRequested(0.0, 0, m.PushMeta(100, 1, 1, train_seconds=1.0)))
+    for c in (learner, follower):
+        c.close()
+
+
+def test_status_shows_members_versions_rounds_phases_books_and_refusals(run, capsys):
+    run_dir, spec = run
+    _drive_one_round(spec)
+    assert status_cmd.main([str(run_dir), "--json", "--timeout", "30"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["version"] == 1 and st["members"] == [0] and st["followers_up"] == [0]
+    assert st["learners"]["0"]["tokens"] == 6144 + 100
+    books = st["tokens"]
+    assert books["applied"] == 6144 and books["rejected"] == books["dropped"] == 0
+    assert books["reported"] == 6144 + 100  # the second push is in flight
+    assert st["round"]["id"] == 1 and st["round"]["pushes"] == [0]
+    last = st["last_round"]
+    assert last["id"] == 0 and last["applied"] and last["participants"] == 1
+    assert set(last["phases"]) == {"grace", "push", "update", "pull"}
+    assert all(x is not None and x >= 0 for x in last["phases"].values())
+    assert st["tokens_per_s"] > 0
+    # The rendered view says the same.
+    assert status_cmd.main([str(run_dir), "--once", "--timeout", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "version 1" in out and "round 1 (" in out and "pushes from [0]" in out
+    assert "last round 0 (applied, 1 pushes)" in out and "6244" in out
+
+
+def test_status_needs_the_jobs_credentials_and_a_running_leader(run, tmp_path, capsys):
+    run_dir, spec = run
+    other = credentials.create(tmp_path / "other")
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    dataclasses.replace(spec, credentials=other.directory).write(stranger / "spec.json")
+    assert status_cmd.main([str(stranger), "--once", "--timeout", "3"]) == 1
+    assert "no leader answered" in capsys.readouterr().err
+    stolen = tmp_path / "stolen"
+    (stolen / "creds").mkdir(parents=True)
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (stolen / "creds" / name).write_bytes((run_dir / "credentials" / name).read_bytes())
+    (stolen / "creds" / "token").write_text("f" * 64)
+    dataclasses.replace(spec, credentials=str(stolen / "creds")).write(stolen / "spec.json")
+    assert status_cmd.main([str(stolen), "--once", "--timeout", "30"]) == 1
+    assert "refused the job credential" in capsys.readouterr().err
+    assert status_cmd.main([str(tmp_path), "--once"]) == 1
+    assert "no spec.json" in capsys.readouterr().err

@@ -185,6 +185,7 @@ class LearnerNode:
             for _ in range(2)
         )
         self.pushes = 0  # pushes started by this process
+        self.armed: LinkCut | None = None  # fault injection: a cut armed for this push
         self.actions: queue.Queue = queue.Queue()
         self.moving = threading.Lock()
         self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
@@ -223,6 +224,8 @@ class LearnerNode:
         try:
             for a in self.control.watch(self.incarnation):
                 if isinstance(a, m.Unused):  # word about a push already decided: no wait
+                    if a.incarnation != self.incarnation:
+                        continue  # about an older incarnation's push
                     self.unused[a.kind] += 1
                     print(
                         f"learner {self.j}: push of round {a.round_id} not used "
@@ -342,27 +345,39 @@ class LearnerNode:
             link = self.data[order[-1]].link
             assert link is not None
             link.cut_after(1 << 16, self.cut)
+            self.armed = link
         if self.spec.push_pause > 0 and len(order) > 1:  # fault injection: a push cut mid-way
             one(order[0])
             print(f"learner {self.j}: mid-push pause, round {plan.round_id}", flush=True)
             time.sleep(self.spec.push_pause)
             order = order[1:]
-        in_parallel(
-            lambda k: retrying(
-                lambda: one(k),
-                f"push to follower {k}",
-                patience=self.spec.transfer_patience,
-                on_error=lambda: self.find_follower(k),
-            ),
-            order,
-        )
+        try:
+            in_parallel(
+                lambda k: retrying(
+                    lambda: one(k),
+                    f"push to follower {k}",
+                    patience=self.spec.transfer_patience,
+                    on_error=lambda: self.find_follower(k),
+                ),
+                order,
+            )
+        finally:
+            if self.armed is not None:  # fault injection: the cut is for this push only
+                self.armed.disarm()
+                self.armed = None
 
     def _followers_up(self) -> set[int]:
-        """The followers the leader hears from (none when it cannot be asked)."""
-        try:
-            return set(self.control.status(timeout=5.0)["followers_up"])
-        except Exception:  # the leader away too: not this learner's link to judge
-            return set()
+        """The followers the leader hears from, asked for ``transfer_patience`` seconds
+        (none when it cannot be asked: the leader is away, and its return is handled by
+        the watch stream's rejoin)."""
+        deadline = time.monotonic() + self.spec.transfer_patience
+        while True:
+            try:
+                return set(self.control.status(timeout=5.0)["followers_up"])
+            except Exception:
+                if time.monotonic() > deadline:
+                    return set()
+                time.sleep(0.5)
 
     def find_follower(self, k: int) -> None:
         """Follower ``k`` did not answer: if the leader knows it at another address (a
@@ -679,12 +694,13 @@ class LearnerNode:
                 self.push(a, delta)
             except TRANSFER_ERRORS as e:
                 print(f"learner {self.j}: push of round {a.round_id} failed ({e})", flush=True)
-                # A follower died and did not come back in time, or a replacement refused
-                # the push of a round that ended meanwhile: the leader discards the round
-                # (that follower was lost) and asks its learners to pull. If it was not
-                # refused and the leader hears from every follower, the link is down.
-                up = set() if getattr(e, "refused", False) else self._followers_up()
-                if {tr.follower for tr in a.transfers} <= up:
+                # The round ended without it (a replacement follower refused the push as a
+                # replay), or a follower died and did not come back in time (the leader
+                # discards the round and asks its learners to pull): wait for the pull.
+                # Otherwise, with every follower of the plan up, the round would wait for
+                # this push forever: the link (or the push) is what fails.
+                over = getattr(e, "kind", None) == "replayed"
+                if not over and {tr.follower for tr in a.transfers} <= self._followers_up():
                     # Leave at once (the round goes on without the push it could not
                     # finish); the launcher starts a new incarnation on a new link.
                     with contextlib.suppress(Exception):

@@ -123,11 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="print one view and exit")
     parser.add_argument("--json", action="store_true", help="print the raw status once")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for it")
+    parser.add_argument(
+        "--patience",
+        type=float,
+        default=60.0,
+        help="live view: seconds without an answer (a leader restarting) before giving up",
+    )
     args = parser.parse_args(argv)
     if args.every <= 0:
         parser.error(f"--every must be > 0 seconds, got {args.every}")
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.live import Live
+    from rich.text import Text
 
     console = Console()
     try:
@@ -139,9 +146,18 @@ def main(argv: list[str] | None = None) -> int:
             console.print(render(st))
             return 0
         with Live(render(st), console=console, auto_refresh=False) as live:
+            heard = time.monotonic()
             while not st.get("stopped"):
                 time.sleep(args.every)
-                st = read(args.run_dir, args.timeout)
+                try:
+                    st = read(args.run_dir, args.timeout)
+                    heard = time.monotonic()
+                except StatusError as e:  # a leader restarting: keep the view, try again
+                    if time.monotonic() - heard > args.patience:
+                        raise
+                    live.update(Group(render(st), Text(f"(not answering: {e})", "red")))
+                    live.refresh()
+                    continue
                 live.update(render(st), refresh=True)
     except StatusError as e:
         print(f"dipsjax status: {e}", file=sys.stderr)

@@ -305,7 +305,10 @@ class Follower:
         return learners is not None and all((round_id, j) in self._staged for j in learners)
 
     def discard_all(self) -> None:
-        """Forgets every staged shard and batch (the leader restarted: rounds begin anew)."""
+        """Forgets every staged shard and batch (the leader restarted: rounds begin anew,
+        under new ids; a late push for one of the rounds dropped is a replay)."""
+        self._done.update(self._batch)
+        self._done.update(r for r, _ in self._staged)
         self._batch.clear()
         self._staged.clear()
         self._incarnations.clear()

@@ -351,9 +351,13 @@ class Leader:
             elif release:
                 self._release_chunks(p.learner, p.meta.finished_chunks)
 
-    def _unused(self, p: Push, kind: str, reason: str) -> Unused:
-        """The word to a push's sender that its push was bad input (``Unused``)."""
-        return Unused(p.learner, p.round_id, kind, reason)
+    def _unused(self, p: Push, kind: str, reason: str) -> list[Unused]:
+        """The word to a push's sender that its push was bad input (``Unused``), if the
+        incarnation that sent it is still the member."""
+        member = self.members.get(p.learner)
+        if member is None or member.incarnation != p.meta.incarnation:
+            return []
+        return [Unused(p.learner, p.round_id, kind, reason, p.meta.incarnation)]
 
     def _pullers(self, rnd: Round) -> list[int]:
         """The round's learners that pull its result: the incarnations that pushed, still
@@ -783,9 +787,10 @@ class Leader:
             accepted = present & np.isfinite(g)
         self.refused["nonfinite"] += int(np.sum(present & ~np.isfinite(g)))
         told = [
-            self._unused(p, "nonfinite", f"squared norm {x} is not finite: rejected")
+            u
             for p, x in zip(pushes, g, strict=True)
             if not np.isfinite(x)
+            for u in self._unused(p, "nonfinite", f"squared norm {x} is not finite: rejected")
         ]
         tokens = tuple(p.tokens for p in pushes)
         steps = tuple(p.meta.steps for p in pushes)
@@ -919,7 +924,7 @@ class Leader:
                     else f"base version {p.meta.base_version} is older than the oldest "
                     f"a follower holds ({floor})"
                 )
-                told.append(self._unused(p, "stale", f"{why}: dropped"))
+                told += self._unused(p, "stale", f"{why}: dropped")
             else:
                 kept.append(p)
         kept.sort(key=lambda p: p.learner)  # a merge order that does not depend on timing

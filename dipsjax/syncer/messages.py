@@ -325,6 +325,7 @@ class Unused(Action):
     round_id: int
     kind: str
     reason: str
+    incarnation: int = 0  # of the push (a newer incarnation ignores the word)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,7 +64,10 @@ CODECS = ("fp32", "bf16", "int8", "int4")
 DTYPES = ("float32",)
 MAX_NDIM = 8
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: one tensor of 512M float32 values
-REFUSED = 1  # an ERROR frame's ``tensor`` field: the push itself is refused (no retry)
+# An ERROR frame's ``tensor`` field: 0 when sending again may help (a broken transfer),
+# ``REFUSED + i`` when the transfer itself is refused, of kind ``REFUSAL_KINDS[i]``.
+REFUSED = 1
+REFUSAL_KINDS = ("push", "pull", "frame", "layout", "shape", "incarnation", "replayed")
 
 _HEAD = struct.Struct("<4sBBBBqiiqIIQQQ")
 _HEAD_CRC = struct.Struct("<I")
@@ -79,9 +82,10 @@ class TransferError(RuntimeError):
     """The other end refused a transfer (its ``ERROR`` message is the text); ``refused``:
     it will refuse the same push again (sending it again cannot help)."""
 
-    def __init__(self, message: str, refused: bool = False) -> None:
+    def __init__(self, message: str, refused: bool = False, kind: str | None = None) -> None:
         super().__init__(message)
         self.refused = refused
+        self.kind = kind  # the refusal's kind (``REFUSAL_KINDS``), when refused
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,9 +325,14 @@ def send_frame(sock: socket.socket, header: Header, payload: Any = b"", scales: 
     return len(head) + len(payload) + len(scales)
 
 
-def _send_error(sock: socket.socket, message: str, refused: bool = False) -> None:
+def _send_error(sock: socket.socket, message: str, refused: str | None = None) -> None:
+    """An ERROR frame; ``refused``: the refusal's kind (``None``: sending again may help)."""
+    code = 0
+    if refused is not None:
+        kinds = REFUSAL_KINDS
+        code = REFUSED + (kinds.index(refused) if refused in kinds else 0)
     with contextlib.suppress(OSError):
-        header = Header(ERROR, codec="fp32", tensor=REFUSED if refused else 0)
+        header = Header(ERROR, codec="fp32", tensor=code)
         send_frame(sock, header, message.encode())
 
 
@@ -419,7 +428,8 @@ class DataPlaneServer:
             self.errors.append(message)
             del self.errors[:-100]  # the newest hundred
         if sock is not None:
-            _send_error(sock, message, refused)  # the sender first: metrics cannot delay it
+            # The sender first: metrics cannot delay it.
+            _send_error(sock, message, kind if refused else None)
         if self.on_refusal is not None:
             with contextlib.suppress(Exception):
                 self.on_refusal(kind, message)
@@ -605,6 +615,11 @@ class LinkCut:
         with self._lock:
             self._left, self._seconds = nbytes, seconds
 
+    def disarm(self) -> None:
+        """An armed cut that has not fired will not (it was meant for one transfer)."""
+        with self._lock:
+            self._left = None
+
     def check(self) -> None:
         """Raises while the link is cut."""
         left = self.until - time.monotonic()
@@ -620,7 +635,7 @@ class LinkCut:
     def _may_send(self, n: int) -> int:
         """How many of ``n`` bytes go out before the cut (``n``: all of them)."""
         with self._lock:
-            if self._left is None or n < self._left:
+            if self._left is None or n <= self._left:
                 if self._left is not None:
                     self._left -= n
                 return n
@@ -713,7 +728,9 @@ class DataPlaneClient:
         header, payload, scales = read_frame(sock)
         if header.kind == ERROR:
             message = bytes(payload).decode(errors="replace")
-            raise TransferError(message, refused=header.tensor == REFUSED)
+            i = header.tensor - REFUSED
+            kind = REFUSAL_KINDS[i] if 0 <= i < len(REFUSAL_KINDS) else None
+            raise TransferError(message, refused=header.tensor >= REFUSED, kind=kind)
         return header, payload, scales
 
     def push(

@@ -331,3 +331,21 @@ def test_ended_rounds_survive_a_restart_from_the_checkpoint_meta():
         assert e.value.kind == "replayed"
     for r in (3, 4, 6, 9):
         assert g.receive(r, 1, {"w": np.ones((2, 2))}) == "staged"
+
+
+def test_rounds_staged_when_the_leader_restarted_are_over():
+    """A resumed leader drops the rounds in flight and opens new ones under new ids: a late
+    push for a dropped round is a replay, refused, not staged and held forever."""
+    from dipsjax.syncer.follower import PushRefused
+
+    f = Follower(0, {"w": np.zeros((2, 2), np.float32)}, outer.diloco(), capacity=2)
+    f.receive(3, 0, {"w": np.ones((2, 2))})
+    f.receive(4, 1, {"w": np.ones((2, 2))})
+    f.partial_norms(3, (0,))
+    f.discard_all()
+    for r, j in ((3, 1), (4, 0)):
+        with pytest.raises(PushRefused, match=f"round {r} has ended") as e:
+            f.receive(r, j, {"w": np.ones((2, 2))})
+        assert e.value.kind == "replayed"
+    assert f._staged == {} and [3, 4] in f.ended_rounds()
+    assert f.receive(5, 0, {"w": np.ones((2, 2))}) == "staged"

@@ -215,6 +215,23 @@ def test_the_sender_hears_why_its_push_was_not_used():
     assert leader.refused == {"stale": 1, "nonfinite": 1}
 
 
+def test_no_word_about_a_push_goes_to_a_newer_incarnation():
+    """The restarted learner's new incarnation did not send the NaN push of its
+    predecessor, already with the followers: it gets no ``Unused`` about it."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    join_all(leader, 2)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(push(0.0, 1, 10, 1, 0))
+    leader.handle(L.TransferDone(0.1, 0, 0))
+    leader.handle(L.TransferDone(0.1, 1, 0))
+    assert leader.phase.value == "norms"
+    leader.handle(L.Join(0.2, 0, incarnation=1))  # restarted while the round is decided
+    acts = leader.handle(L.FollowerNorms(0.3, 0, 0, (float("nan"), float("nan"))))
+    told = [a for a in acts if isinstance(a, L.Unused)]
+    assert [(a.learner, a.incarnation) for a in told] == [(1, 0)]
+    assert leader.refused["nonfinite"] == 2
+
+
 def test_server_reference_drops_pushes_older_than_the_version_cache():
     cfg = LeaderConfig(penalty=False, reference="server", version_cache=3)
     assert cfg.stale_limit() == 2

@@ -82,7 +82,7 @@ EXAMPLES = [
     m.GrantChunk(learner=22, chunk=0),
     m.Evict(learner=24, reason="missed heartbeats", incarnation=2),
     m.Refuse(learner=25, reason="stale"),
-    m.Unused(learner=26, round_id=4, kind="nonfinite", reason="squared norm nan"),
+    m.Unused(learner=26, round_id=4, kind="nonfinite", reason="squared norm nan", incarnation=2),
     m.Stop(reason="budget reached"),
 ]
 

@@ -87,7 +87,7 @@ def test_refusals_are_counted_by_kind_and_only_broken_transfers_may_be_retried(f
     follower.server.on_push = refuse
     with pytest.raises(dp.TransferError, match="round 3 has ended") as e:
         dp.DataPlaneClient(follower.server.address).push(3, 1, 0, 0, PARAMS.items())
-    assert e.value.refused
+    assert e.value.refused and e.value.kind == "replayed"  # the kind crosses the wire
     sock = _raw(follower.server.address)  # a body whose checksum does not match
     header, payload = _frame(0, PARAMS[0], round_id=2, learner=3)
     header = dp.dataclasses.replace(header, payload_len=len(payload), crc=1)

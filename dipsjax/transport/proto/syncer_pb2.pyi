@@ -309,16 +309,18 @@ class Refuse(_message.Message):
     def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Unused(_message.Message):
-    __slots__ = ("learner", "round_id", "kind", "reason")
+    __slots__ = ("learner", "round_id", "kind", "reason", "incarnation")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     learner: int
     round_id: int
     kind: str
     reason: str
-    def __init__(self, learner: _Optional[int] = ..., round_id: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, learner: _Optional[int] = ..., round_id: _Optional[int] = ..., kind: _Optional[str] = ..., reason: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Stop(_message.Message):
     __slots__ = ("reason",)

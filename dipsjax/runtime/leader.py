@@ -193,7 +193,7 @@ class LeaderNode:
         (self.dir / "leader" / "status.json").write_text(json.dumps(self.status()))
 
     def status(self) -> dict:
-        """What ``dipsjax run`` shows while training (and ``dipsjax status`` will)."""
+        """What ``dipsjax run`` shows while training and ``dipsjax status`` reads."""
         ld = self.leader
         rnd = ld.round
         in_round = {p.learner for p in rnd.pushes} if rnd is not None else set()

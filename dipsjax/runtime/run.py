@@ -512,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="continue a stopped run",
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the job's plan (memory and wire bytes per role, layer assignment, push "
+        "plan, placement) and start nothing",
+    )
     args = parser.parse_args(argv)
     if args.resume:
         try:
@@ -535,6 +541,15 @@ def main(argv: list[str] | None = None) -> int:
         sim = SimConfig(**fields)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
+    if args.dry_run:
+        from dipsjax.runtime.dryrun import format_plan, plan
+
+        placement = cfg.get("placement")
+        try:
+            print(format_plan(plan(sim, None if placement is None else placement.to_dict())))
+        except (KeyError, ValueError) as e:
+            parser.error(f"{args.config}: {e}")
+        return 0
     run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)

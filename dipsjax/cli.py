@@ -16,6 +16,7 @@ DELEGATED = {
     "credentials": ("dipsjax.runtime.credentials", "create a run's TLS certificates and job token"),
     "snapshot": ("dipsjax.runtime.snapshot", "consistent snapshot of a running job, to resume"),
     "status": ("dipsjax.runtime.status", "live view of a running job, from its leader"),
+    "timeline": ("dipsjax.runtime.timeline", "draw a run's event tape as a timeline PNG"),
 }
 
 

@@ -374,7 +374,8 @@ def report(spec: RunSpec, summary: dict[str, Any]) -> None:
             f"bits/byte) at version {last['version']}"
         )
     console.print(
-        f"outputs: {run_dir}/tape.jsonl, loss.png, tb/ (tensorboard --logdir {run_dir}/tb), logs/"
+        f"outputs: {run_dir}/tape.jsonl, timeline.png, loss.png, tb/ (tensorboard --logdir "
+        f"{run_dir}/tb), logs/"
     )
 
 
@@ -476,6 +477,11 @@ def launch(
         procs.stop()
         signal.signal(signal.SIGTERM, previous)
     summary = summarize(run_dir)
+    if (run_dir / "tape.jsonl").exists():
+        from dipsjax.runtime import timeline
+
+        tape = EventTape.read(run_dir / "tape.jsonl")
+        timeline.plot(tape, run_dir / "timeline.png", title=f"{spec.sim.method}: {run_dir.name}")
     if status_path.exists():
         summary["leader_tokens"] = json.loads(status_path.read_text())["tokens"]
     summary["wall_seconds"] = time.monotonic() - t0

@@ -56,6 +56,8 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
 
     tape = EventTape.read(tmp_path / "run" / "tape.jsonl")
     assert tree_equal(replay(sim, tape), params)
+    # The run ended by drawing its timeline.
+    assert (tmp_path / "run" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Every follower applied the same accepted set, weights and clip factor: the tape's.
     logs = [
         [

@@ -214,6 +214,10 @@ class FollowerNode:
             elif isinstance(action, m.Discard):
                 f.discard(action.round_id)
                 reply = None
+            elif isinstance(action, m.Rejoin):  # woken from a hang, found lost meanwhile
+                print(f"follower {k}: {action.reason}: joining again", flush=True)
+                f.discard_all()  # the rounds in flight were discarded without it
+                reply = m.FollowerJoined(0.0, k, f.version, min(f.cached_versions()), self.address)
             elif isinstance(action, m.Stop):
                 return False
             else:

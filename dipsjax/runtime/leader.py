@@ -57,6 +57,8 @@ def recipients(action: m.Action) -> list[tuple[str, int]]:
         return [("learner", j) for j in action.learners]
     if isinstance(action, TO_LEARNER):
         return [("learner", action.learner)]
+    if isinstance(action, m.Rejoin):
+        return [("follower", action.follower)]
     if isinstance(action, TO_FOLLOWERS):
         return [("followers", -1)]
     if isinstance(action, m.Stop):

@@ -77,6 +77,7 @@ from dipsjax.syncer.messages import (
     PushRequested,
     PushShards,
     Refuse,
+    Rejoin,
     RequestNorms,
     SendModel,
     Stop,
@@ -310,6 +311,9 @@ class Leader:
         # Where each follower's data plane is, as it said on joining (a replacement on a
         # new port or host takes over the shard; learners look it up in the status).
         self.follower_addresses: dict[int, str] = {}
+        # Followers found lost by their silence (not snapshotted): one that beats again is
+        # told to join again (``Rejoin``).
+        self.lost_by_silence: set[int] = set()
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
@@ -478,6 +482,7 @@ class Leader:
         for k in sorted(self.follower_seen):
             if self.followers_up[k] and t - self.follower_seen[k] > limit:
                 actions += self._on_FollowerLost(FollowerLost(t, k, "missed heartbeats"))
+                self.lost_by_silence.add(k)
         return actions
 
     def _follower_seen(self, k: int, t: float, heartbeat: bool = False) -> None:
@@ -488,6 +493,9 @@ class Leader:
 
     def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
         self._follower_seen(ev.follower, ev.t, heartbeat=True)
+        if ev.follower in self.lost_by_silence:
+            # Found lost while silent (a hang), beating again: it does not know.
+            return [Rejoin(ev.follower, "found lost through missed heartbeats")]
         return []
 
     def _remove(self, learner: int, t: float, reason: str) -> list[Action]:
@@ -697,6 +705,7 @@ class Leader:
 
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
+        self.lost_by_silence.discard(ev.follower)
         self.followers_up[ev.follower] = True
         if ev.address:
             self.follower_addresses[ev.follower] = ev.address

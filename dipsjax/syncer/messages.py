@@ -314,6 +314,15 @@ class Refuse(Action):
 
 
 @dataclasses.dataclass(frozen=True)
+class Rejoin(Action):
+    """To a follower the leader counts as lost that beats again (a hang that ended): join
+    again, as a restarted follower does (its version, the versions it holds)."""
+
+    follower: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Unused(Action):
     """The leader's word to a learner whose push entered round ``round_id`` but was not used
     because it was bad input: dropped as too stale (``kind="stale"``) or rejected as not
@@ -365,6 +374,7 @@ MESSAGES: dict[str, type] = {
         Evict,
         Refuse,
         Unused,
+        Rejoin,
         Stop,
     )
 }

@@ -323,6 +323,42 @@ def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp
         assert "rejoin" in (run / "logs" / f"{name}.log").read_text()
 
 
+def test_a_hung_follower_is_found_lost_and_joins_again_once_woken(tmp_path):
+    """SIGSTOP for a follower's hang: silent for 3 heartbeat intervals, it is found lost and
+    the round that needs it is discarded whole. Woken 2 s later, it beats again; the leader
+    answers with ``Rejoin`` (before, new rounds waited for it forever) and it joins at its
+    version, which is the others' (nothing was applied without it). No process restarts."""
+    sim = _sim()
+    run, spec, launcher = _start_calm(tmp_path, sim)
+    pid = json.loads((run / "pids.json").read_text())["follower1"]
+    stopped_at = _status(run)["t"]
+    os.kill(pid, signal.SIGSTOP)
+
+    def lost_records():
+        return [
+            r
+            for r in EventTape.read(run / "tape.jsonl").records
+            if r["kind"] == "follower" and r["event"] == "lost" and r["follower"] == 1
+        ]
+
+    try:
+        lost = _wait(lost_records, "the hung follower found lost", launcher)
+        time.sleep(2.0)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert lost[0]["reason"] == "missed heartbeats"
+    assert lost[0]["t"] - stopped_at < 3 * spec.heartbeat_interval + 1.5
+    summary = _finish(launcher, run)
+    tape = _check_run(run, sim, summary)
+    assert not (run / "restarts.jsonl").exists()  # no process was restarted
+    events = [r for r in tape.records if r["kind"] == "follower" and r["t"] >= stopped_at]
+    joined = [r for r in events if r["event"] == "joined" and r["follower"] == 1]
+    assert joined and joined[0]["t"] > lost[0]["t"], events
+    assert "joining again" in (run / "logs" / "follower1.log").read_text()
+    last = max(r.version for r in tape.round_records() if r.applied)
+    assert last > joined[0]["version"]  # rounds were applied after it came back
+
+
 def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path):
     """SIGSTOP for a hang: silent for 3 heartbeat intervals, the learner is evicted (its
     push dropped, its leases back in the ledger). Woken up, it learns it was evicted,

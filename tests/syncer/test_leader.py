@@ -476,6 +476,30 @@ def test_a_silent_follower_is_lost_through_heartbeats_and_its_round_discarded():
         leader.handle(L.FollowerHeartbeat(10.0, 3))
 
 
+def test_a_follower_found_lost_that_beats_again_is_asked_to_join_again():
+    """A hung follower (SIGSTOP) is found lost through its heartbeats; woken, it beats
+    again, but it does not know it was lost: the leader answers its heartbeat with
+    ``Rejoin`` (before, nothing: new rounds waited for it forever). It then joins as a
+    restarted follower does, and rounds go on."""
+    cfg = LeaderConfig(penalty=False, num_followers=2, heartbeat_interval=1.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 1)
+    for k in (0, 1):
+        leader.handle(L.FollowerJoined(0.0, k, 0))
+        assert leader.handle(L.FollowerHeartbeat(0.0, k)) == []  # up: nothing to say
+    for t in (2.0, 4.0, 6.0, 8.0):  # follower 0 and the learner beat; follower 1 hangs
+        leader.handle(L.FollowerHeartbeat(t, 0))
+        leader.handle(L.Heartbeat(t, 0))
+    assert leader.followers_up == {0: True, 1: False}
+    leader.handle(L.FollowerHeartbeat(9.0, 0))
+    (rejoin,) = leader.handle(L.FollowerHeartbeat(9.0, 1))  # woken up
+    assert rejoin == L.Rejoin(1, "found lost through missed heartbeats")
+    leader.handle(L.FollowerJoined(9.1, 1, 0))
+    assert leader.followers_up == {0: True, 1: True}
+    assert leader.handle(L.FollowerHeartbeat(9.5, 1)) == []
+    assert kinds(leader.handle(push(10.0, 0, 10, 1, 0)))[0] == "PushShards"  # rounds go on
+
+
 def test_pushes_older_than_a_restarted_followers_oldest_version_are_dropped():
     """A follower restarted from its checkpoint holds only the versions it restored; under
     the server reference a push whose base it lacks is dropped (counted), not sent to a

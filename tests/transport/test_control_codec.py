@@ -83,6 +83,7 @@ EXAMPLES = [
     m.Evict(learner=24, reason="missed heartbeats", incarnation=2),
     m.Refuse(learner=25, reason="stale"),
     m.Unused(learner=26, round_id=4, kind="nonfinite", reason="squared norm nan", incarnation=2),
+    m.Rejoin(follower=3, reason="found lost"),
     m.Stop(reason="budget reached"),
 ]
 
@@ -105,7 +106,7 @@ def same(a, b) -> bool:
 
 def test_every_message_class_is_mapped():
     assert set(c.MESSAGE_TYPES) == set(m.MESSAGES.values())
-    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 28
+    assert len(c.MESSAGE_TYPES) == len(m.MESSAGES) == 29
     cases = {fd.name for fd in pb.Envelope.DESCRIPTOR.oneofs_by_name["message"].fields}
     assert cases == {c.case_name(cls) for cls in m.MESSAGES.values()}
     assert c.case_name(m.PushRequested) == "push_requested"

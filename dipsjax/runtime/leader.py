@@ -100,6 +100,15 @@ class LeaderNode:
         # both in the snapshot (these are saved with the next event's snapshot).
         self.refused: Counter[str] = Counter()
         self.last_round: dict[str, Any] | None = None  # the newest round ended, for status
+        # When training began: the first learner active (late joiners count from it).
+        self.began = next(
+            (
+                r["t"]
+                for r in leader.tape.records
+                if r["kind"] == "membership" and r["event"] == "active"
+            ),
+            None,
+        )
         snap = self.dir / "leader" / "snapshot.json"
         if resumed and snap.exists():
             self.refused.update(json.loads(snap.read_text()).get("transport_refused", {}))
@@ -183,6 +192,8 @@ class LeaderNode:
         tmp.write_text(json.dumps(state, allow_nan=False))
         os.replace(tmp, snap)  # atomic
         for r in records:
+            if self.began is None and r["kind"] == "membership" and r["event"] == "active":
+                self.began = r["t"]
             if r["kind"] == "round":
                 self._log_round(r)
                 self.last_round = {
@@ -236,6 +247,7 @@ class LeaderNode:
         books = ld.ledger.totals()
         return {
             "t": now,
+            "began": self.began,
             "version": ld.version,
             "rounds": ld.next_round_id,
             "phase": ld.phase.value,

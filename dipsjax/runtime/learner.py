@@ -562,10 +562,24 @@ class LearnerNode:
                 raise TimeoutError(f"learner {self.j}: not every learner reached {name!r}")
             time.sleep(0.01)
 
+    def wait_to_join(self, seconds: float) -> None:
+        """A late learner (``joins``): compiled, it joins ``seconds`` after training began
+        (the first learner active), as the simulator's late learners do after its start."""
+        print(f"learner {self.j}: joins {seconds:g} s after training began", flush=True)
+        while not self.terminating:
+            with contextlib.suppress(Exception):  # the leader may be starting
+                st = self.control.status(timeout=5.0)
+                if st["stopped"] or (st["began"] is not None and st["t"] - st["began"] >= seconds):
+                    return
+            time.sleep(0.2)
+
     def run(self) -> None:
         # Heartbeats first: a resumed member must not look dead while it compiles.
         threading.Thread(target=self._heartbeats, daemon=True).start()
         self.warm_up()
+        late = dict(self.spec.sim.joins).get(self.j)
+        if late is not None and not self.resume and self.incarnation == 0:
+            self.wait_to_join(float(late))
         self.start_watch()
         if self.spec.sim.overlap:
             threading.Thread(target=self._puller, daemon=True).start()
@@ -612,6 +626,10 @@ class LearnerNode:
             print(f"learner {self.j}: resumed {record}", flush=True)
         kept = self.rounds if self.resume else -1  # rounds its restored state trained
         self.adopt(send.version, first=not self.resume, rounds=kept)
+        for c in self.data + self.pull_data:  # fault injection: the link was slow to join
+            if c.rate is not None:
+                c.rate = None
+                c.close()  # the next transfer connects unthrottled
         self.pulled = True
 
     def rejoin(self, why: Exception, patience: float = 120.0) -> None:

@@ -429,14 +429,12 @@ def launch(
         healer.start("leader", *again)
         for k in range(len(spec.followers)):
             healer.start(f"follower{k}", *follower_again)
-        # A learner with a join time in the config (``joins``: (learner, seconds)) starts
-        # that many seconds after the launch: it joins mid-run.
-        later = {} if resume else {int(j): float(t) for j, t in spec.sim.joins}
+        # Every learner starts now; one with a join time in the config (``joins``) compiles,
+        # then waits to join until that many seconds after training began.
 
         def start_learners() -> None:
             for j in range(spec.sim.learners):
-                due = time.monotonic() - t0 >= later.get(j, 0.0)
-                if f"learner{j}" not in procs.procs and due:
+                if f"learner{j}" not in procs.procs:
                     # A learner without checkpoints (a run started from a snapshot) comes
                     # back as a new incarnation (``incarnations.json``) and pulls.
                     has_ckpt = (run_dir / f"learner{j}" / "ckpt").exists()

@@ -53,7 +53,8 @@ class RunSpec:
         mid-push); 0 in real runs.
       link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; each of that
         learner's data-plane connections (one per follower) carries at most this many
-        bytes a second each way (a slow link).
+        bytes a second each way while it joins (its first pull: a slow stale upsize);
+        afterwards they are not throttled.
       link_cuts: fault injection, for tests: ``(learner, seconds)`` pairs; in the second
         push of that learner's first incarnation, its link to the last follower of the
         plan is cut 64 KiB into the transfer (the connection severed mid-frame), and no

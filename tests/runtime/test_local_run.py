@@ -131,7 +131,7 @@ def test_ctrl_c_stops_every_process_within_seconds(tmp_path):
 
 
 def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_round(tmp_path):
-    """Also a stale upsize (seed 003): the late learner's links are slow (a fault
+    """Also a stale upsize (seed 003): the late learner's links are slow while it joins (a fault
     injection of 60 kB/s on each follower's connection), so its first pull takes seconds;
     the others go on applying versions meanwhile, and it starts from the version it was
     sent, stale by then, without blocking anyone."""
@@ -143,9 +143,9 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
         method="dips",
         learners=3,
         followers=2,
-        token_budget=3 * 16 * 512 * 8,
+        token_budget=3 * 16 * 512 * 10,
         speeds=(1.0, 1.3, 1.7),
-        joins=((2, 12.0),),  # learner 2 starts 12 s after the others
+        joins=((2, 6.0),),  # learner 2 joins 6 s after training began
     )
     # Slow updates (each follower waits 0.7 s before applying) so that pushes land in them.
     spec = dataclasses.replace(

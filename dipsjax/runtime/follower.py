@@ -296,6 +296,10 @@ class FollowerNode:
             try:
                 if self.restarted:
                     self.control.call(m.FollowerLost(0.0, self.k, "restarted"))
+                # A first heartbeat before it is up: the leader watches it from now on (a
+                # hang right after joining, before the heartbeat thread's first beat, was
+                # never found).
+                self.control.call(m.FollowerHeartbeat(0.0, self.k))
                 f = self.follower
                 oldest = min(f.cached_versions())
                 self.control.call(m.FollowerJoined(0.0, self.k, f.version, oldest, self.address))

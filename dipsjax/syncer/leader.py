@@ -689,6 +689,7 @@ class Leader:
     def _on_FollowerLost(self, ev: FollowerLost) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.follower_seen.pop(ev.follower, None)
+        self.lost_by_silence.discard(ev.follower)  # (a restarted one says so: it knows)
         self.followers_up[ev.follower] = False
         self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
         rnd = self.round

@@ -342,7 +342,7 @@ def test_a_hung_follower_is_found_lost_and_joins_again_once_woken(tmp_path):
         ]
 
     try:
-        lost = _wait(lost_records, "the hung follower found lost", launcher)
+        lost = _wait(lost_records, "the hung follower found lost", launcher, timeout=60)
         time.sleep(2.0)
     finally:
         os.kill(pid, signal.SIGCONT)

@@ -61,8 +61,19 @@ def _wait(cond, what, launcher, timeout=240.0):
         if launcher.poll() is not None:
             pytest.fail(f"the launcher ended (rc {launcher.returncode}) before {what}")
         time.sleep(0.05)
-    launcher.kill()
+    _stop(launcher)
     pytest.fail(f"timed out waiting for {what}")
+
+
+def _stop(launcher):
+    """Ends a launcher and every process it started (SIGTERM: it stops them in order; a
+    SIGKILL of the launcher alone would leave its processes running)."""
+    launcher.terminate()
+    try:
+        launcher.wait(60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        launcher.wait()
 
 
 def _status(run):

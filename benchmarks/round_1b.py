@@ -160,9 +160,11 @@ def main() -> None:
 
     import numpy as np
 
+    from dipsjax.launch.core import role_job
+    from dipsjax.launch.local import Local
     from dipsjax.runtime.client import model_shapes
     from dipsjax.runtime.credentials import create as create_credentials
-    from dipsjax.runtime.run import Processes, free_port
+    from dipsjax.runtime.run import free_port
     from dipsjax.runtime.spec import RunSpec
     from dipsjax.sim.config import SimConfig
     from dipsjax.syncer.schedule import assign_layers
@@ -197,13 +199,13 @@ def main() -> None:
     )
     spec.write(run_dir / "spec.json")
     print(f"{args.model}: {params / 1e6:,.1f}M parameters in {len(sizes)} tensors; run {run_dir}")
-    procs = Processes(spec)
+    procs = Local(spec)
     peak = 0.0
     t0 = time.monotonic()
     try:
-        procs.start("leader", "dipsjax.runtime.leader")
+        procs.start(role_job("leader"))
         for k in range(2):
-            procs.start(f"follower{k}", "dipsjax.runtime.follower", str(k), "--init", "zeros")
+            procs.start(role_job("follower", k), "--init", "zeros")
         for j in range(2):
             procs.procs[f"standin{j}"] = subprocess.Popen(
                 [sys.executable, __file__, "--stand-in", str(run_dir / "spec.json"), str(j)],

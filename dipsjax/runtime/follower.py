@@ -121,7 +121,11 @@ class FollowerNode:
         self.resent = {"duplicate": 0, "replaced": 0}
         self.metrics_lock = threading.Lock()
         self.data = DataPlaneServer(
-            self.on_push, self.on_pull, host=host, port=port, ssl_context=spec.ssl_server()
+            self.on_push,
+            self.on_pull,
+            host=spec.bind or host,
+            port=port,
+            ssl_context=spec.ssl_server(),
         )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins

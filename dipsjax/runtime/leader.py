@@ -411,6 +411,7 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
     server = grpc.aio.server()
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
+    host = spec.bind or host
     if spec.tls:
         server.add_secure_port(f"{host}:{port}", spec.secrets.grpc_server())
     else:

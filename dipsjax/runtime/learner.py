@@ -59,7 +59,7 @@ from tensorboardX import SummaryWriter
 from dipsjax import outer
 from dipsjax.data import ByteTokenizer, train_chunks
 from dipsjax.data.pipeline import BatchStream, StreamPosition
-from dipsjax.learner import InnerOptimizerConfig, Learner
+from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
@@ -131,6 +131,23 @@ def retrying(fn: Any, what: str, patience: float = 60.0, on_error: Any = None) -
                     on_error()
 
 
+def partition_mesh() -> Any:
+    """The partition's mesh over the ``DIPSJAX_PARTITION_DEVICES`` devices the launcher
+    gave it (``Requirements.cpu_devices`` or its accelerators), the batch sharded over
+    them (``data``); ``None`` when it gave none or one (no mesh: the simulator's
+    arithmetic, bit for bit)."""
+    n = int(os.environ.get("DIPSJAX_PARTITION_DEVICES", "1"))
+    if n <= 1:
+        return None
+    devices = jax.devices()
+    if len(devices) != n:
+        raise RuntimeError(
+            f"the launcher gave this partition {n} devices (DIPSJAX_PARTITION_DEVICES) but "
+            f"JAX sees {len(devices)}: {devices}"
+        )
+    return make_partition_mesh(devices)
+
+
 class LearnerNode:
     """Learner ``j`` of a run (see module docstring)."""
 
@@ -141,7 +158,7 @@ class LearnerNode:
         self.learner = Learner(
             get_config(cfg.model),
             InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
-            mesh=None,
+            mesh=partition_mesh(),
             learner_id=j,
             seed=cfg.seed,
             donate=False,

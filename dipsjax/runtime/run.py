@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -34,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dipsjax.launch import config as run_config
+from dipsjax.launch.core import Experiment, requirements_from_config, role_jobs
+from dipsjax.launch.local import Local
 from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec
@@ -98,55 +100,6 @@ def make_spec(
     )
 
 
-class Processes:
-    """The processes of one run; stops them all, whatever happens."""
-
-    def __init__(self, spec: RunSpec, append: bool = False) -> None:
-        self.spec = spec
-        self.mode = "a" if append else "w"
-        self.logs = Path(spec.run_dir) / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def start(self, name: str, module: str, *args: str, core: int | None = None) -> None:
-        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-        # A persistent compilation cache shared by the run's processes (unless one is set):
-        # a restarted learner loads its compiled steps rather than compiling them again.
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(self.spec.run_dir) / "jax-cache"))
-        cmd = [sys.executable, "-m", module, str(Path(self.spec.run_dir) / "spec.json"), *args]
-        log = (self.logs / f"{name}.log").open("a" if name in self.procs else self.mode)
-        cores = os.sched_getaffinity(0)
-        pin = None if core is None else {sorted(cores)[core % len(cores)]}
-        self.procs[name] = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # our Ctrl-C handling stops them, in order
-        )
-        if pin:
-            os.sched_setaffinity(self.procs[name].pid, pin)
-
-    def failed(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
-
-    def write_pids(self) -> None:
-        pids = {name: p.pid for name, p in self.procs.items()}
-        (Path(self.spec.run_dir) / "pids.json").write_text(json.dumps(pids))
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for p in self.procs.values():
-            try:
-                p.wait(max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
 class Healer:
     """The launcher's restart policy (self-healing, as Kubernetes restarts the paper's
     leader): a role that dies is started again after a backoff (``spec.restart_backoff``,
@@ -162,8 +115,9 @@ class Healer:
     learners' incarnations are kept in ``RUN_DIR/incarnations.json`` for ``--resume``.
     """
 
-    def __init__(self, spec: RunSpec, procs: Processes, t0: float) -> None:
-        self.spec, self.procs, self.t0 = spec, procs, t0
+    def __init__(self, experiment: Experiment, procs: Local, t0: float) -> None:
+        self.experiment, self.procs, self.t0 = experiment, procs, t0
+        spec = self.spec = experiment.spec
         self.run_dir = Path(spec.run_dir)
         self.count: dict[str, int] = {}
         self.due: dict[str, tuple[float, int, float]] = {}  # name -> (restart at, rc, seen)
@@ -214,13 +168,7 @@ class Healer:
                 fh.write(json.dumps(record) + "\n")
 
     def start(self, name: str, *args: str) -> None:
-        if name == "leader":
-            self.procs.start(name, "dipsjax.runtime.leader", *args)
-        elif name.startswith("follower"):
-            self.procs.start(name, "dipsjax.runtime.follower", name[len("follower") :], *args)
-        else:
-            j = int(name[len("learner") :])
-            self.procs.start(name, "dipsjax.runtime.learner", str(j), *args, core=j)
+        self.procs.start(self.experiment.job(name), *args)
         self.procs.write_pids()
 
 
@@ -404,14 +352,21 @@ def launch(
     progress: bool = True,
     evaluate: bool = True,
     resume: bool = False,
+    experiment: Experiment | None = None,
 ) -> dict[str, Any]:
-    """Runs the job described by ``spec`` to its token budget; returns the tape's summary.
-    With ``resume``, every process restarts from its newest checkpoint in ``spec.run_dir``
-    (followers from the leader's version)."""
+    """Runs the job described by ``spec`` to its token budget with the local executor;
+    returns the tape's summary. ``experiment``: its jobs (default: ``role_jobs(spec)``, one
+    CPU device a learner). With ``resume``, every process restarts from its newest
+    checkpoint in ``spec.run_dir`` (followers from the leader's version)."""
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec.write(run_dir / "spec.json")
-    procs = Processes(spec, append=resume)
+    jobs_path = run_dir / "jobs.json"
+    if experiment is None:
+        saved = json.loads(jobs_path.read_text()) if jobs_path.exists() else None
+        experiment = Experiment.for_spec(spec, saved)
+    jobs_path.write_text(json.dumps(experiment.requirements(), indent=1))
+    procs = Local(spec, append=resume)
     again: list[str] = []
     follower_again: list[str] = []
     if resume:
@@ -424,7 +379,7 @@ def launch(
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     t0 = time.monotonic()
-    healer = Healer(spec, procs, t0)
+    healer = Healer(experiment, procs, t0)
     try:
         healer.start("leader", *again)
         for k in range(len(spec.followers)):
@@ -492,8 +447,6 @@ def launch(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dipsjax.sim.experiments import load_experiment
-
     parser = argparse.ArgumentParser(
         prog="dipsjax run",
         description=__doc__,
@@ -502,6 +455,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", nargs="?", default="quickstart")
     parser.add_argument("--arg", default=None, help="argument to get_config (e.g. 'ci')")
     parser.add_argument("--method", default=None, help="dips, decoupled, sync_diloco, naive_async")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field, e.g. --set sim.learners=2 --set "
+        "launch.learner.cpu_devices=2 (repeatable)",
+    )
     parser.add_argument("--out", default=None, help="run folder (default runs/NAME-TIME)")
     parser.add_argument(
         "--credentials",
@@ -536,15 +497,12 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         report(spec, summary)
         return 0
-    cfg = load_experiment(args.config, args.arg)
-    fields = dict(cfg.sim)
-    if args.method:
-        fields["method"] = args.method
-    fields["speeds"] = tuple(fields.get("speeds", ()))
     try:
-        sim = SimConfig(**fields)
-    except (TypeError, ValueError) as e:
-        parser.error(str(e))
+        cfg = run_config.load(args.config, args.arg, args.set)
+        sim = run_config.sim_config(cfg, args.method)
+        requirements = requirements_from_config(cfg)
+    except (FileNotFoundError, ValueError) as e:
+        parser.error(f"{args.config}: {e}")
     if args.dry_run:
         from dipsjax.runtime.dryrun import format_plan, plan
 
@@ -565,7 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     try:
-        summary = launch(spec)
+        experiment = Experiment(cfg.name, spec).add(role_jobs(spec, **requirements))
+    except ValueError as e:
+        parser.error(f"{args.config}: {e}")
+    try:
+        summary = launch(spec, experiment=experiment)
     except KeyboardInterrupt:
         print("stopped: every process was ended", flush=True)
         return 130

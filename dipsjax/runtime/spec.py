@@ -74,6 +74,10 @@ class RunSpec:
         (``--port 0``), as a replacement on another host would (and the old port may be
         taken by then); it announces the address when it joins, and learners look it up
         through the leader. Off: the same port.
+      bind: the interface the leader's and followers' servers listen on: empty for the host
+        of their own address (one machine), ``0.0.0.0`` on a cluster, where the address is
+        a name (a Kubernetes pod's DNS name, a SLURM node) that may not resolve yet when the
+        server starts.
       checkpoints: followers checkpoint after every outer step and save their shard at the
         end, learners every round (off only for benchmarks, e.g. ``round_1b.py``, and to
         measure what checkpointing costs in ``system.py``).
@@ -97,6 +101,7 @@ class RunSpec:
     compute_in_turns: bool = False
     move_followers: bool = True
     checkpoints: bool = True
+    bind: str = ""
     tls: bool = True
     fingerprint: str = ""
 

@@ -286,13 +286,14 @@ def launch_load(
     the leader and the probe get the first core to themselves and every other process
     shares the rest, as a leader on its own host would (the paper's leader is a separate,
     control-only process). ``poison``: stand-ins whose first push is all NaN."""
-    from dipsjax.runtime.run import Processes
+    from dipsjax.launch.core import module_job
+    from dipsjax.launch.local import Local
 
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec.write(run_dir / "spec.json")
     write_shapes(spec)
-    procs = Processes(spec)
+    procs = Local(spec, pin=False)
     n = spec.sim.learners
     bounds = [(g * n // groups, (g + 1) * n // groups - 1) for g in range(groups)]
     t0 = time.monotonic()
@@ -300,7 +301,7 @@ def launch_load(
     split = leader_core and len(cores) > 1
 
     def start(name: str, module: str, *args: str, first: bool = False) -> None:
-        procs.start(name, module, *args)
+        procs.start(module_job(name, module, *args))
         if nice and not first:  # the whole new session: every thread, now and later
             os.setpriority(os.PRIO_PGRP, procs.procs[name].pid, nice)
         if split:

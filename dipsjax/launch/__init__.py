@@ -1,0 +1,26 @@
+"""Launching dipsjax jobs: a small API in XManager's vocabulary (experiment, job group, job,
+executable, executor, requirements) and its executors: :class:`Local` (one process per
+job on this machine, the default), :class:`Slurm` (a heterogeneous SLURM job) and
+:class:`Kubernetes` (a JobSet manifest). See :mod:`dipsjax.launch.core`."""
+
+from dipsjax.launch.core import (
+    Executable,
+    Experiment,
+    Job,
+    JobGroup,
+    Requirements,
+    role_job,
+    role_jobs,
+)
+from dipsjax.launch.local import Local
+
+__all__ = [
+    "Executable",
+    "Experiment",
+    "Job",
+    "JobGroup",
+    "Local",
+    "Requirements",
+    "role_job",
+    "role_jobs",
+]

@@ -1,0 +1,97 @@
+"""Run configs: ``configs/NAME.py`` with ``get_config(arg)`` (ml_collections), overridden
+from the command line, validated at load with the field named.
+
+A run config has ``name``, ``sim`` (the fields of :class:`~dipsjax.sim.config.SimConfig`),
+optionally ``heartbeat_interval``, ``placement`` (for ``--dry-run``) and ``launch`` (the
+jobs' requirements and the cluster executors' settings: :mod:`dipsjax.launch.core`).
+
+Overrides: ``--set sim.learners=2 --set launch.learner.cpu_devices=2``: the value is read
+as a Python literal (a string otherwise), must keep the type of the field it replaces, and
+the field must exist (except under ``launch``, whose blocks are all optional).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any
+
+from dipsjax.sim.config import SimConfig
+
+TOP = {"name", "sim", "heartbeat_interval", "placement", "launch"}
+
+
+def parse_value(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
+    """``cfg`` with each ``path=value`` of ``overrides`` set (errors name the path)."""
+    import ml_collections
+
+    for item in overrides:
+        path, eq, text = item.partition("=")
+        if not eq or not path:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE, e.g. sim.learners=2")
+        keys = path.split(".")
+        if keys[0] not in TOP:
+            raise ValueError(f"--set {path}: unknown field {keys[0]!r}; known {sorted(TOP)}")
+        node = cfg
+        for i, key in enumerate(keys[:-1]):
+            if key not in node:
+                if keys[0] != "launch":
+                    raise ValueError(f"--set {path}: {'.'.join(keys[: i + 1])} does not exist")
+                node[key] = ml_collections.ConfigDict()
+            node = node[key]
+        last, value = keys[-1], parse_value(text)
+        if keys[0] == "sim" and len(keys) == 2 and last not in SIM_FIELDS:
+            raise ValueError(f"--set {path}: SimConfig has no field {last!r}")
+        if last in node and node[last] is not None and value is not None:
+            old = node[last]
+            if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if isinstance(old, (list, tuple)) and isinstance(value, (list, tuple)):
+                value = type(old)(value)
+            nested = isinstance(old, (dict, ml_collections.ConfigDict))
+            if type(value) is not type(old) and not nested:
+                raise ValueError(
+                    f"--set {path}: expected {type(old).__name__} (now {old!r}), got "
+                    f"{type(value).__name__} {value!r}"
+                )
+        node[last] = value
+    return cfg
+
+
+SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
+
+
+def sim_config(cfg: Any, method: str | None = None) -> SimConfig:
+    """The config's ``sim`` block as a validated :class:`SimConfig` (errors name the field)."""
+    if "sim" not in cfg:
+        raise ValueError("config: no 'sim' block (the SimConfig fields of the run)")
+    unknown = sorted(set(cfg) - TOP)
+    if unknown:
+        raise ValueError(f"config: unknown field {unknown[0]!r}; known {sorted(TOP)}")
+    fields = dict(cfg.sim)
+    if method:
+        fields["method"] = method
+    bad = sorted(set(fields) - SIM_FIELDS)
+    if bad:
+        raise ValueError(f"config sim.{bad[0]}: SimConfig has no such field")
+    for key in ("speeds", "bandwidth_gbps", "failures", "joins", "leaves"):
+        if key in fields:
+            fields[key] = tuple(tuple(x) if isinstance(x, list) else x for x in fields[key])
+    try:
+        return SimConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"config sim: {e}") from None
+
+
+def load(name: str, arg: str | None = None, overrides: list[str] | None = None) -> Any:
+    """``configs/NAME.py``'s ``get_config(arg)`` with ``overrides`` applied."""
+    from dipsjax.sim.experiments import load_experiment
+
+    return apply_overrides(load_experiment(name, arg), list(overrides or []))

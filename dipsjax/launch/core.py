@@ -1,0 +1,283 @@
+"""A small launch API in XManager's vocabulary: experiment, job group, job, executable,
+executor, requirements.
+
+A dipsjax job is a set of roles, each a :class:`Job`: the leader (control only, no JAX),
+one follower per shard, one learner per partition. :func:`role_jobs` builds them from a
+:class:`~dipsjax.runtime.spec.RunSpec`; an executor starts them:
+
+* :class:`dipsjax.launch.local.Local` (the default): one process per job on this machine
+  (``dipsjax run`` is built on it);
+* :class:`dipsjax.launch.slurm.Slurm`: one heterogeneous SLURM job, a job step per role;
+* :class:`dipsjax.launch.kubernetes.Kubernetes`: a JobSet manifest, one replicated job per
+  role.
+
+Every job is told where its run is the same way, whatever starts it: its first argument is
+``RUN_DIR/spec.json``, which names the leader's and followers' addresses and the
+credentials directory (never the secrets themselves). ``python -m dipsjax.launch.entry
+ROLE`` is the one command a cluster starts for every role: it reads its index and process
+number from the cluster's environment (SLURM or Kubernetes), and picks its start arguments
+(``--resume``, a new incarnation) from what the run folder holds, so a restart by the
+cluster's own machinery (a Kubernetes restart policy, a SLURM requeue) resumes as the local
+launcher's self-healing does.
+
+Example (what ``launch/dips.py`` does)::
+
+    from dipsjax import launch
+    exp = launch.Experiment("quickstart", spec)
+    exp.add(launch.role_jobs(spec, learner=launch.Requirements(cpu_devices=2)))
+    launch.Local().launch(exp)          # or Slurm(...).launch(exp), Kubernetes(...).write(exp)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+ROLES = ("leader", "follower", "learner")
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirements:
+    """What one job needs (``xm.JobRequirements``).
+
+    Attributes:
+      cpus: cores for each of its processes (local: the learners are pinned to cores in
+        turn; SLURM: ``--cpus-per-task``; Kubernetes: ``resources.requests.cpu``).
+      memory_gb: memory each process may use (SLURM ``--mem``, Kubernetes limits); None:
+        not stated.
+      cpu_devices: JAX CPU devices in each process (``JAX_NUM_CPU_DEVICES``): the learner's
+        partition mesh spans them (``DIPSJAX_PARTITION_DEVICES``); None: one device, the
+        process's environment unchanged (the simulator's arithmetic, bit for bit).
+      accelerators: device ids this job may use (``CUDA_VISIBLE_DEVICES`` on GPUs,
+        ``TPU_VISIBLE_CHIPS`` on TPUs); None: JAX runs on the CPU (``JAX_PLATFORMS=cpu``).
+      platform: ``cpu``, ``gpu`` or ``tpu`` (with ``accelerators``).
+      processes: processes of one partition (multi-host: ``jax.distributed`` inside the
+        partition only; never one world across learners).
+    """
+
+    cpus: int = 1
+    memory_gb: float | None = None
+    cpu_devices: int | None = None
+    accelerators: tuple[int, ...] | None = None
+    platform: str = "cpu"
+    processes: int = 1
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.cpus >= 1, "cpus", "an integer >= 1"),
+            (self.memory_gb is None or self.memory_gb > 0, "memory_gb", "None or > 0"),
+            (self.cpu_devices is None or self.cpu_devices >= 1, "cpu_devices", "None or >= 1"),
+            (self.platform in ("cpu", "gpu", "tpu"), "platform", "'cpu', 'gpu' or 'tpu'"),
+            (
+                (self.platform == "cpu") == (self.accelerators is None),
+                "accelerators",
+                "device ids exactly when platform is 'gpu' or 'tpu'",
+            ),
+            (self.processes >= 1, "processes", "an integer >= 1"),
+        ]
+        for ok, name, allowed in checks:
+            if not ok:
+                got = getattr(self, name)
+                raise ValueError(f"Requirements.{name} must be {allowed}, got {got!r}")
+
+    def env(self) -> dict[str, str]:
+        """The environment that gives a process these devices."""
+        env = {}
+        if self.platform == "cpu":
+            env["JAX_PLATFORMS"] = "cpu"
+            if self.cpu_devices is not None:
+                env["JAX_NUM_CPU_DEVICES"] = str(self.cpu_devices)
+                env["DIPSJAX_PARTITION_DEVICES"] = str(self.cpu_devices * self.processes)
+        else:
+            ids = ",".join(str(i) for i in self.accelerators or ())
+            env["JAX_PLATFORMS"] = "cuda" if self.platform == "gpu" else "tpu"
+            env["CUDA_VISIBLE_DEVICES" if self.platform == "gpu" else "TPU_VISIBLE_CHIPS"] = ids
+            n = len(self.accelerators or ()) * self.processes
+            env["DIPSJAX_PARTITION_DEVICES"] = str(n)
+        return env
+
+
+@dataclasses.dataclass(frozen=True)
+class Executable:
+    """A Python module run as ``python -m MODULE ARGS`` (``xm.Executable``)."""
+
+    module: str
+    args: tuple[str, ...] = ()
+
+    def command(self, *extra: str, python: str = sys.executable) -> list[str]:
+        return [python, "-m", self.module, *self.args, *extra]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One role of a run (``xm.Job``): a leader, a follower or a learner partition.
+
+    Attributes:
+      name: ``leader``, ``follower{k}`` or ``learner{j}``.
+      role: ``leader``, ``follower`` or ``learner``.
+      index: the follower's or learner's index (0 for the leader).
+      executable: what it runs; the spec path is its first argument.
+      requirements: what it needs.
+      env: extra environment.
+    """
+
+    name: str
+    role: str
+    index: int
+    executable: Executable
+    requirements: Requirements = Requirements()
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"Job.role must be one of {ROLES}, got {self.role!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobGroup:
+    """Jobs that run together (``xm.JobGroup``), by name."""
+
+    jobs: tuple[Job, ...]
+
+    def __post_init__(self) -> None:
+        names = [j.name for j in self.jobs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"JobGroup: job names must be unique, got {names}")
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+class Experiment:
+    """A titled run and the jobs added to it (``xm.Experiment``).
+
+    ``spec`` is the run's :class:`~dipsjax.runtime.spec.RunSpec` (where it writes, the
+    addresses and the credentials every job is given)."""
+
+    def __init__(self, title: str, spec: Any) -> None:
+        self.title, self.spec = title, spec
+        self._jobs: dict[str, Job] = {}
+
+    def add(self, jobs: Job | JobGroup | Iterable[Job]) -> Experiment:
+        for job in [jobs] if isinstance(jobs, Job) else jobs:
+            if job.name in self._jobs:
+                raise ValueError(f"Experiment {self.title!r} already has a job {job.name!r}")
+            self._jobs[job.name] = job
+        return self
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        return dict(self._jobs)
+
+    def job(self, name: str) -> Job:
+        if name not in self._jobs:
+            raise KeyError(f"Experiment {self.title!r} has no job {name!r}: {sorted(self._jobs)}")
+        return self._jobs[name]
+
+    def by_role(self, role: str) -> list[Job]:
+        return sorted((j for j in self._jobs.values() if j.role == role), key=lambda j: j.index)
+
+    def requirements(self) -> dict[str, dict[str, Any]]:
+        """Each job's requirements, as JSON (``RUN_DIR/jobs.json``: ``--resume`` keeps them)."""
+        return {n: dataclasses.asdict(j.requirements) for n, j in self._jobs.items()}
+
+    @classmethod
+    def for_spec(cls, spec: Any, saved: Mapping[str, Any] | None = None) -> Experiment:
+        """Every role of ``spec``, with the requirements saved by :meth:`requirements`."""
+        reqs = {}
+        for name, r in (saved or {}).items():
+            acc = r.get("accelerators")
+            reqs[name] = Requirements(**{**r, "accelerators": None if acc is None else tuple(acc)})
+        exp = cls(Path(spec.run_dir).name, spec)
+        return exp.add(
+            dataclasses.replace(j, requirements=reqs.get(j.name, j.requirements))
+            for j in role_jobs(spec)
+        )
+
+
+MODULES = {
+    "leader": "dipsjax.runtime.leader",
+    "follower": "dipsjax.runtime.follower",
+    "learner": "dipsjax.runtime.learner",
+}
+
+
+def role_job(role: str, index: int = 0, requirements: Requirements | None = None) -> Job:
+    """One role's job: ``python -m dipsjax.runtime.ROLE SPEC [INDEX]``."""
+    args = () if role == "leader" else (str(index),)
+    name = "leader" if role == "leader" else f"{role}{index}"
+    return Job(name, role, index, Executable(MODULES[role], args), requirements or Requirements())
+
+
+def module_job(name: str, module: str, *args: str) -> Job:
+    """A job running any module (a stand-in, a benchmark's own process); its role is read
+    from its name (``leader``, ``follower*``, anything else a learner)."""
+    role = next((r for r in ("leader", "follower") if name.startswith(r)), "learner")
+    return Job(name, role, 0, Executable(module, args))
+
+
+def role_jobs(
+    spec: Any,
+    *,
+    learner: Requirements | None = None,
+    learners: Mapping[int, Requirements] | None = None,
+    follower: Requirements | None = None,
+    leader: Requirements | None = None,
+) -> JobGroup:
+    """Every role of ``spec``: the leader, ``len(spec.followers)`` followers and
+    ``spec.sim.learners`` learners, each with ``learner``'s requirements unless
+    ``learners`` gives that partition its own (``{j: Requirements(...)}``)."""
+    per = dict(learners or {})
+    default = learner or Requirements()
+    unknown = sorted(set(per) - set(range(spec.sim.learners)))
+    if unknown:
+        raise ValueError(f"learner requirements for learners {unknown}: only {spec.sim.learners}")
+    jobs = [role_job("leader", 0, leader)]
+    jobs += [role_job("follower", k, follower) for k in range(len(spec.followers))]
+    jobs += [role_job("learner", j, per.get(j, default)) for j in range(spec.sim.learners)]
+    return JobGroup(tuple(jobs))
+
+
+def requirements_from_config(cfg: Any) -> dict[str, Any]:
+    """``role_jobs`` keyword arguments from a config's optional ``launch`` block:
+    ``launch.learner`` (one ``Requirements`` field dict for every learner),
+    ``launch.learners`` (``{j: fields}`` per learner), ``launch.follower``, ``launch.leader``.
+    Errors name the field."""
+    block = cfg.get("launch") if hasattr(cfg, "get") else None
+    if block is None:
+        return {}
+    block = block.to_dict() if hasattr(block, "to_dict") else dict(block)
+    known = {"learner", "learners", "follower", "leader", "slurm", "kubernetes"}
+    if set(block) - known:
+        bad = sorted(set(block) - known)[0]
+        raise ValueError(f"config launch.{bad}: unknown; known {sorted(known)}")
+
+    def make(where: str, fields: Any) -> Requirements:
+        fields = dict(fields)
+        if "accelerators" in fields and fields["accelerators"] is not None:
+            fields["accelerators"] = tuple(fields["accelerators"])
+        try:
+            return Requirements(**fields)
+        except TypeError as e:
+            raise ValueError(f"config launch.{where}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"config launch.{where}: {e}") from None
+
+    out: dict[str, Any] = {}
+    for role in ("follower", "leader"):
+        if role in block:
+            out[role] = make(role, block[role])
+    base = dict(block.get("learner", {}))
+    if "learner" in block:
+        out["learner"] = make("learner", base)
+    if "learners" in block:
+        out["learners"] = {
+            int(j): make(f"learners.{j}", {**base, **dict(f)}) for j, f in block["learners"].items()
+        }
+    return out

@@ -1,0 +1,96 @@
+"""The one command a cluster starts for every role: ``python -m dipsjax.launch.entry ROLE
+SPEC [INDEX]``.
+
+``INDEX`` (a follower's or learner's) is taken from the command line, else from the
+environment: ``DIPSJAX_INDEX``, or ``JOBSET_JOB_INDEX`` (a JobSet's job index, which the
+Kubernetes manifest passes through the downward API). The start arguments come from what
+the run folder holds, so a restart by the cluster's own machinery (a Kubernetes restart
+policy, a SLURM requeue) resumes as the local launcher's self-healing does:
+
+* the leader with ``--resume`` once it has a snapshot;
+* a follower with ``--resume latest`` once it has a checkpoint;
+* a learner as a new incarnation for each start after its first (its starts are counted
+  in ``RUN_DIR/starts/learner{j}``): the leader ends the old one, and the new one pulls a
+  whole version before it pushes.
+
+Then it replaces itself (``exec``) with ``python -m dipsjax.runtime.ROLE``, so signals
+reach the role's process directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dipsjax.launch.core import MODULES, ROLES
+
+
+def count_start(run_dir: Path, name: str) -> int:
+    """How many times ``name`` was started before (and counts this start)."""
+    path = run_dir / "starts" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before = int(path.read_text()) if path.exists() else 0
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(before + 1))
+    tmp.replace(path)
+    return before
+
+
+def start_args(role: str, index: int, run_dir: Path, count: bool = True) -> list[str]:
+    """A role's arguments after ``SPEC [INDEX]``, from what ``run_dir`` holds (``count``:
+    this is a real start of a learner, which counts towards its incarnations)."""
+    if role == "leader":
+        return ["--resume"] if (run_dir / "leader" / "snapshot.json").exists() else []
+    if role == "follower":
+        ckpt = run_dir / f"follower{index}" / "ckpt"
+        return ["--resume", "latest"] if ckpt.is_dir() and any(ckpt.iterdir()) else []
+    if not count:
+        path = run_dir / "starts" / f"learner{index}"
+        return ["--incarnation", path.read_text() if path.exists() else "0"]
+    return ["--incarnation", str(count_start(run_dir, f"learner{index}"))]
+
+
+def command(role: str, spec_path: str, index: int | None, count: bool = True) -> list[str]:
+    from dipsjax.runtime.spec import RunSpec
+
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    if index is None and role != "leader":
+        for var in ("DIPSJAX_INDEX", "JOBSET_JOB_INDEX"):
+            if os.environ.get(var, "").isdigit():
+                index = int(os.environ[var])
+                break
+        else:
+            raise ValueError(f"{role}: no index (give INDEX, or set DIPSJAX_INDEX)")
+    spec = RunSpec.read(spec_path)
+    limit = len(spec.followers) if role == "follower" else spec.sim.learners
+    if role != "leader" and not 0 <= index < limit:
+        raise ValueError(f"{role} index {index} is out of range [0, {limit})")
+    args = [] if role == "leader" else [str(index)]
+    extra = start_args(role, index or 0, Path(spec.run_dir), count)
+    return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dipsjax.launch.entry", description=__doc__)
+    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("spec", help="the run's spec.json")
+    parser.add_argument("index", nargs="?", type=int, default=None)
+    parser.add_argument("--print", action="store_true", help="print the command, run nothing")
+    args = parser.parse_args(argv)
+    try:
+        cmd = command(args.role, args.spec, args.index, count=not args.print)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    if args.print:
+        print(" ".join(cmd))
+        return 0
+    sys.stdout.flush()
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""The Kubernetes executor: a JobSet manifest (kubernetes-sigs/jobset, ``v1alpha2``).
+
+One replicated job per role: ``leader`` (1), ``follower`` (one Job per shard) and
+``learner`` (one Job per partition; learners whose requirements differ get a replicated
+job each, ``learner-{j}``). Every pod runs ``python -m dipsjax.launch.entry ROLE
+/dipsjax/config/spec.json``; its index is the JobSet's job index (the downward API's
+``jobset.sigs.k8s.io/job-index``). The run's spec is a ConfigMap, its credentials a Secret
+(the TLS certificates name the pods' DNS names), and the JobSet's own headless Service
+gives every pod a stable name: ``JOBSET-ROLE-INDEX-0.JOBSET``, which the spec's addresses
+use, so a restarted pod is found where it was.
+
+Restarts: pods restart in place (``restartPolicy: OnFailure``, ``backoffLimit:
+max_restarts``), as the Di-PS paper has Kubernetes restart its leader; the entry resumes a
+role from the run volume (the leader from its snapshot, a follower from its checkpoint, a
+learner as a new incarnation). The run ends when the leader's Job completes
+(``successPolicy``: the JobSet then deletes the other Jobs). ``run_claim`` names a
+PersistentVolumeClaim for the run folder (ReadWriteMany: checkpoints survive pod
+replacement); without one each pod keeps its role's state in an ``emptyDir``, which
+survives a container's restart but not its pod's.
+
+No cluster is reachable from this project's machines: the manifests are validated offline
+against the JobSet CRD's and Kubernetes' schemas (:mod:`dipsjax.launch.k8s_schema`), and
+``kubectl apply -f`` is left to the user.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from dipsjax.launch.core import Experiment, Job, Requirements
+
+CONFIG, CREDENTIALS, RUN = "/dipsjax/config", "/dipsjax/credentials", "/dipsjax/run"
+ACCELERATOR_RESOURCE = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
+
+
+def dns_names(name: str, followers: int) -> tuple[str, list[str]]:
+    """The leader's and followers' pod hostnames under the JobSet's headless Service."""
+    return f"{name}-leader-0-0.{name}", [f"{name}-follower-{k}-0.{name}" for k in range(followers)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kubernetes:
+    """Settings of the manifest (``namespace``, the ``image`` with dipsjax and its corpus
+    installed, ports, the run volume's claim, restarts a role may take)."""
+
+    image: str = "dipsjax:latest"
+    namespace: str = "default"
+    leader_port: int = 50051
+    follower_port: int = 50052
+    run_claim: str | None = None
+    max_restarts: int = 3
+
+    def cluster_spec(self, spec: Any, name: str) -> Any:
+        """``spec`` as the pods see it: DNS addresses, in-pod paths, servers on all
+        interfaces."""
+        leader, followers = dns_names(name, len(spec.followers))
+        return dataclasses.replace(
+            spec,
+            leader=f"{leader}:{self.leader_port}",
+            followers=tuple(f"{h}:{self.follower_port}" for h in followers),
+            run_dir=RUN,
+            credentials=CREDENTIALS,
+            bind="0.0.0.0",
+        )
+
+    def _container(self, job: Job, port: int | None, index_arg: bool) -> dict[str, Any]:
+        r: Requirements = job.requirements
+        if r.processes > 1:
+            raise ValueError(
+                f"{job.name}: processes={r.processes}: multi-process partitions are not "
+                "supported by the Kubernetes executor yet"
+            )
+        resources: dict[str, Any] = {"cpu": str(r.cpus)}
+        if r.memory_gb is not None:
+            resources["memory"] = f"{int(r.memory_gb * 1024)}Mi"
+        if r.accelerators is not None:
+            resources[ACCELERATOR_RESOURCE[r.platform]] = str(len(r.accelerators))
+        env = [{"name": k, "value": v} for k, v in sorted({**r.env(), **job.env}.items())]
+        env.append(
+            {
+                "name": "JOBSET_JOB_INDEX",
+                "valueFrom": {
+                    "fieldRef": {
+                        "fieldPath": "metadata.annotations['jobset.sigs.k8s.io/job-index']"
+                    }
+                },
+            }
+        )
+        container: dict[str, Any] = {
+            "name": job.role,
+            "image": self.image,
+            "command": ["python", "-m", "dipsjax.launch.entry", job.role, f"{CONFIG}/spec.json"],
+            "env": env,
+            "resources": {"requests": resources, "limits": dict(resources)},
+            "volumeMounts": [
+                {"name": "config", "mountPath": CONFIG, "readOnly": True},
+                {"name": "credentials", "mountPath": CREDENTIALS, "readOnly": True},
+                {"name": "run", "mountPath": RUN},
+            ],
+        }
+        if index_arg:  # a replicated job of its own: its job index is 0
+            container["command"].append(str(job.index))
+        if port is not None:
+            container["ports"] = [{"name": job.role, "containerPort": port}]
+        return container
+
+    def _replicated_job(
+        self, rj_name: str, job: Job, replicas: int, name: str, index_arg: bool = False
+    ) -> dict:
+        port = {"leader": self.leader_port, "follower": self.follower_port}.get(job.role)
+        volumes = [
+            {"name": "config", "configMap": {"name": f"{name}-spec"}},
+            {
+                "name": "credentials",
+                "secret": {"secretName": f"{name}-credentials", "defaultMode": 0o400},
+            },
+            {"name": "run", "persistentVolumeClaim": {"claimName": self.run_claim}}
+            if self.run_claim
+            else {"name": "run", "emptyDir": {}},
+        ]
+        return {
+            "name": rj_name,
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "parallelism": 1,
+                    "completions": 1,
+                    "completionMode": "Indexed",
+                    "backoffLimit": self.max_restarts,
+                    "template": {
+                        "metadata": {
+                            "labels": {
+                                "app.kubernetes.io/name": "dipsjax",
+                                "dipsjax/role": job.role,
+                            }
+                        },
+                        "spec": {
+                            "restartPolicy": "OnFailure",
+                            "containers": [self._container(job, port, index_arg)],
+                            "volumes": volumes,
+                        },
+                    },
+                }
+            },
+        }
+
+    def manifests(self, experiment: Experiment, credentials: str | Path) -> list[dict[str, Any]]:
+        """The ConfigMap (spec), Secret (credentials) and JobSet of ``experiment``, whose
+        spec must be :meth:`cluster_spec`'s; validated against the schemas."""
+        from dipsjax.launch import k8s_schema
+
+        name = experiment.title
+        spec = experiment.spec
+        if spec.run_dir != RUN or spec.credentials != CREDENTIALS:
+            raise ValueError(
+                "Kubernetes.manifests: the experiment's spec must come from cluster_spec()"
+            )
+        learners = experiment.by_role("learner")
+        groups: dict[Requirements, list[Job]] = {}
+        for job in learners:
+            groups.setdefault(job.requirements, []).append(job)
+        rjobs = [self._replicated_job("leader", experiment.job("leader"), 1, name)]
+        followers = experiment.by_role("follower")
+        rjobs.append(self._replicated_job("follower", followers[0], len(followers), name))
+        if len(groups) == 1:
+            rjobs.append(self._replicated_job("learner", learners[0], len(learners), name))
+        else:
+            rjobs += [
+                self._replicated_job(f"learner-{j.index}", j, 1, name, True) for j in learners
+            ]
+        secret = {
+            f.name: base64.b64encode(f.read_bytes()).decode()
+            for f in sorted(Path(credentials).iterdir())
+            if f.is_file()
+        }
+        meta = {"namespace": self.namespace, "labels": {"app.kubernetes.io/name": "dipsjax"}}
+        docs = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": f"{name}-spec", **meta},
+                "data": {"spec.json": json.dumps(spec.to_json(), indent=1)},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": f"{name}-credentials", **meta},
+                "type": "Opaque",
+                "data": secret,
+            },
+            {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                "kind": "JobSet",
+                "metadata": {"name": name, **meta},
+                "spec": {
+                    "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                    "successPolicy": {"operator": "All", "targetReplicatedJobs": ["leader"]},
+                    "failurePolicy": {"maxRestarts": 0},
+                    "replicatedJobs": rjobs,
+                },
+            },
+        ]
+        k8s_schema.validate(docs)
+        return docs
+
+    def write(self, experiment: Experiment, credentials: str | Path, path: str | Path) -> Path:
+        """Writes the manifests as one YAML file (``kubectl apply -f PATH``)."""
+        import yaml
+
+        path = Path(path)
+        docs = self.manifests(experiment, credentials)
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+        path.chmod(0o600)  # it holds the job's credentials
+        return path
+
+
+def prepare(
+    sim: Any, name: str, out: Path, executor: Kubernetes, **requirements: Any
+) -> Experiment:
+    """A run of ``sim`` for Kubernetes: credentials for the pods' DNS names (in
+    ``out/credentials``), the cluster spec and its experiment."""
+    from dipsjax.launch.core import role_jobs
+    from dipsjax.runtime.credentials import create
+    from dipsjax.runtime.run import make_spec
+
+    leader, hosts = dns_names(name, sim.followers)  # make_spec may use fewer
+    creds = create(out / "credentials", hosts=[leader, *hosts, "localhost", "127.0.0.1"])
+    spec = make_spec(sim, out, credentials=creds.directory)
+    spec = executor.cluster_spec(spec, name)
+    return Experiment(name, spec).add(role_jobs(spec, **requirements))

@@ -1,0 +1,107 @@
+"""The local executor: one process per job on this machine (``dipsjax run``'s default).
+
+Each job runs as ``python -m MODULE RUN_DIR/spec.json ARGS`` in a session of its own, with
+its requirements' environment (``JAX_PLATFORMS``, ``JAX_NUM_CPU_DEVICES``,
+``CUDA_VISIBLE_DEVICES`` / ``TPU_VISIBLE_CHIPS``), a log file ``RUN_DIR/logs/NAME.log``,
+and learners pinned to cores in turn (``Requirements.cpus`` cores each). Everything it
+started is stopped on exit: :meth:`Local.stop` (SIGTERM, then SIGKILL after a timeout)
+from the launcher's ``finally``, and, should the launcher itself be killed, the kernel's
+parent-death signal (``PR_SET_PDEATHSIG``: SIGTERM, asked for by
+:mod:`dipsjax.launch._child`, which every job is started through) ends every child with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from dipsjax.launch.core import Experiment, Job
+
+
+class Local:
+    """The processes of one run on this machine; stops them all, whatever happens.
+
+    ``pin``: pin learners to cores (``Requirements.cpus`` each, in turn over the cores this
+    process may use); two JAX processes on 2 cores run fastest one per core.
+    """
+
+    def __init__(self, spec: Any, append: bool = False, pin: bool = True) -> None:
+        self.spec, self.pin = spec, pin
+        self.mode = "a" if append else "w"
+        self.logs = Path(spec.run_dir) / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.jobs: dict[str, Job] = {}
+        self._next_core = 0
+
+    def cores_for(self, job: Job) -> set[int] | None:
+        """The cores a job is pinned to: learners only, ``cpus`` cores each, in turn."""
+        if not self.pin or job.role != "learner":
+            return None
+        cores = sorted(os.sched_getaffinity(0))
+        n = min(job.requirements.cpus, len(cores))
+        start = job.index * n
+        return {cores[(start + i) % len(cores)] for i in range(n)}
+
+    def environment(self, job: Job) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **job.requirements.env(), **job.env)
+        # A persistent compilation cache shared by the run's processes (unless one is set):
+        # a restarted learner loads its compiled steps rather than compiling them again.
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(self.spec.run_dir) / "jax-cache"))
+        return env
+
+    def start(self, job: Job, *extra: str) -> subprocess.Popen:
+        """Starts (or starts again) ``job`` with ``extra`` arguments after its own."""
+        spec_path = str(Path(self.spec.run_dir) / "spec.json")
+        cmd = job.executable.command(*extra)
+        # python -m dipsjax.launch._child PARENT MODULE SPEC ARGS...
+        cmd[2:3] = ["dipsjax.launch._child", str(os.getpid()), cmd[2], spec_path]
+        log = (self.logs / f"{job.name}.log").open("a" if job.name in self.procs else self.mode)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.environment(job),
+            start_new_session=True,  # our Ctrl-C handling stops them, in order
+        )
+        log.close()
+        pin = self.cores_for(job)
+        if pin:
+            os.sched_setaffinity(proc.pid, pin)
+        self.procs[job.name], self.jobs[job.name] = proc, job
+        return proc
+
+    def launch(self, experiment: Experiment, *extra: str) -> None:
+        """Starts every job of ``experiment`` (leader first, then followers, learners)."""
+        for role in ("leader", "follower", "learner"):
+            for job in experiment.by_role(role):
+                self.start(job, *extra)
+        self.write_pids()
+
+    def failed(self) -> list[str]:
+        return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
+
+    def write_pids(self) -> None:
+        pids = {name: p.pid for name, p in self.procs.items()}
+        path = Path(self.spec.run_dir) / "pids.json"
+        path.with_suffix(".tmp").write_text(json.dumps(pids))
+        path.with_suffix(".tmp").replace(path)  # whole, for whoever reads it meanwhile
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM to every process still running, SIGKILL to those not gone in
+        ``timeout`` seconds; returns once all have exited."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

@@ -1,0 +1,207 @@
+"""The launch API and its local executor: jobs, requirements, teardown with real processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dipsjax.launch import Experiment, Requirements, role_jobs
+from dipsjax.launch import config as run_config
+from dipsjax.launch.core import requirements_from_config
+from dipsjax.launch.entry import command
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _spec(tmp_path, learners=3, followers=2):
+    sim = SimConfig(learners=learners, followers=followers)
+    return RunSpec(
+        sim,
+        "127.0.0.1:5000",
+        tuple(f"127.0.0.1:{6000 + k}" for k in range(followers)),
+        "",
+        str(tmp_path),
+        (0, 1),
+        10,
+    )
+
+
+def test_role_jobs_name_every_role_with_its_command_and_requirements(tmp_path):
+    spec = _spec(tmp_path)
+    fat = Requirements(cpus=2, cpu_devices=4)
+    jobs = role_jobs(spec, learner=Requirements(cpu_devices=2), learners={2: fat})
+    names = [j.name for j in jobs]
+    assert names == ["leader", "follower0", "follower1", "learner0", "learner1", "learner2"]
+    exp = Experiment("t", spec).add(jobs)
+    assert exp.job("follower1").executable.command(python="py") == [
+        "py",
+        "-m",
+        "dipsjax.runtime.follower",
+        "1",
+    ]
+    assert exp.job("leader").executable.args == ()
+    assert exp.job("learner0").requirements.env() == {
+        "JAX_PLATFORMS": "cpu",
+        "JAX_NUM_CPU_DEVICES": "2",
+        "DIPSJAX_PARTITION_DEVICES": "2",
+    }
+    assert exp.job("learner2").requirements == fat
+    gpu = Requirements(platform="gpu", accelerators=(2, 3))
+    assert gpu.env() == {
+        "JAX_PLATFORMS": "cuda",
+        "CUDA_VISIBLE_DEVICES": "2,3",
+        "DIPSJAX_PARTITION_DEVICES": "2",
+    }
+    with pytest.raises(ValueError, match="already has a job 'leader'"):
+        exp.add(role_jobs(spec))
+    with pytest.raises(ValueError, match=r"learners \[5\]"):
+        role_jobs(spec, learners={5: fat})
+
+
+@pytest.mark.parametrize(
+    "fields,match",
+    [
+        ({"cpus": 0}, "Requirements.cpus must be an integer >= 1"),
+        ({"platform": "gpu"}, "Requirements.accelerators must be device ids"),
+        ({"accelerators": (0,)}, "Requirements.accelerators"),
+        ({"cpu_devices": 0}, "Requirements.cpu_devices must be None or >= 1"),
+        ({"platform": "npu"}, "Requirements.platform"),
+    ],
+)
+def test_bad_requirements_name_the_field(fields, match):
+    with pytest.raises(ValueError, match=match):
+        Requirements(**fields)
+
+
+def test_configs_are_overridden_from_the_command_line_and_validated_with_the_field_named():
+    cfg = run_config.load(
+        "quickstart",
+        "ci",
+        [
+            "sim.learners=2",
+            "sim.speeds=(1, 2)",
+            "sim.outer_lr=1",  # an int where a float was: taken as 1.0
+            "launch.learner.cpu_devices=2",
+            "launch.learners={'1': {'cpus': 2}}",
+        ],
+    )
+    sim = run_config.sim_config(cfg)
+    assert sim.learners == 2 and sim.speeds == (1, 2) and sim.outer_lr == 1.0
+    reqs = requirements_from_config(cfg)
+    assert reqs["learner"] == Requirements(cpu_devices=2)
+    assert reqs["learners"] == {1: Requirements(cpus=2, cpu_devices=2)}
+    bad = [
+        (["sim.lerners=2"], "SimConfig has no field 'lerners'"),
+        (["sim.learners=two"], "expected int"),
+        (["simm.learners=2"], "unknown field 'simm'"),
+        (["sim.learners"], "expected FIELD=VALUE"),
+        (["launch.learner.cpus=0"], None),
+    ]
+    for overrides, match in bad[:-1]:
+        with pytest.raises(ValueError, match=match):
+            run_config.load("quickstart", "ci", overrides)
+    cfg = run_config.load("quickstart", "ci", bad[-1][0])
+    with pytest.raises(ValueError, match=r"config launch.learner: Requirements.cpus"):
+        requirements_from_config(cfg)
+    cfg = run_config.load("quickstart", "ci", ["sim.learners=0"])
+    with pytest.raises(ValueError, match="learners"):
+        run_config.sim_config(cfg)
+
+
+def test_the_entry_resumes_each_role_from_what_the_run_folder_holds(tmp_path):
+    spec = _spec(tmp_path)
+    spec.write(tmp_path / "spec.json")
+    path = str(tmp_path / "spec.json")
+    assert command("leader", path, None)[2:] == ["dipsjax.runtime.leader", path]
+    assert command("follower", path, 1)[2:] == ["dipsjax.runtime.follower", path, "1"]
+    # Every start of a learner after its first is a new incarnation.
+    starts = [command("learner", path, 2)[-2:] for _ in range(3)]
+    assert starts == [["--incarnation", "0"], ["--incarnation", "1"], ["--incarnation", "2"]]
+    (tmp_path / "leader").mkdir()
+    (tmp_path / "leader" / "snapshot.json").write_text("{}")
+    (tmp_path / "follower1" / "ckpt" / "7").mkdir(parents=True)
+    assert command("leader", path, None)[-1] == "--resume"
+    assert command("follower", path, 1)[-2:] == ["--resume", "latest"]
+    assert command("follower", path, 0)[-1] == "0"  # its own checkpoints only
+    os.environ["DIPSJAX_INDEX"] = "1"
+    try:
+        assert command("learner", path, None)[4] == "1"
+    finally:
+        del os.environ["DIPSJAX_INDEX"]
+    with pytest.raises(ValueError, match=r"follower index 2 is out of range \[0, 2\)"):
+        command("follower", path, 2)
+
+
+def _running(pid):
+    """Alive and not a zombie (an orphan's zombie is not reaped in some containers)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def _start_run(tmp_path, *extra):
+    out = tmp_path / "run"
+    log = (tmp_path / "launcher.log").open("w")
+    cmd = [sys.executable, "-m", "dipsjax.cli", "run", "--arg", "ci", "--out", str(out), *extra]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    pids = {}
+    while len(pids) < 7:  # the leader, 2 followers and 4 learners
+        assert proc.poll() is None, (tmp_path / "launcher.log").read_text()
+        assert time.monotonic() < deadline, "the run's processes did not all start"
+        time.sleep(0.2)
+        path = out / "pids.json"
+        pids = json.loads(path.read_text()) if path.exists() else {}
+    return proc, out, pids
+
+
+@pytest.mark.integration
+def test_the_local_executor_gives_each_learner_its_devices_and_cores_and_ctrl_c_ends_all(
+    tmp_path,
+):
+    proc, out, pids = _start_run(
+        tmp_path,
+        "--set",
+        "launch.learner.cpu_devices=2",
+        "--set",
+        "launch.learners={'3': {'cpu_devices': 1}}",
+    )
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        for j in range(4):
+            env = Path(f"/proc/{pids[f'learner{j}']}/environ").read_bytes().split(b"\0")
+            want = b"JAX_NUM_CPU_DEVICES=" + (b"1" if j == 3 else b"2")
+            assert want in env
+            assert os.sched_getaffinity(pids[f"learner{j}"]) == {cores[j % len(cores)]}
+        assert os.sched_getaffinity(pids["leader"]) == set(cores)  # not pinned
+        assert (out / "logs" / "learner3.log").exists()
+        saved = json.loads((out / "jobs.json").read_text())
+        assert saved["learner0"]["cpu_devices"] == 2 and saved["learner3"]["cpu_devices"] == 1
+        time.sleep(2)
+        restarted = (out / "restarts.jsonl").exists()
+        assert not restarted and all(_running(p) for p in pids.values()), "a role died"
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        rc = proc.wait(60)
+    assert rc == 130
+    assert [n for n, pid in pids.items() if _running(pid)] == []
+
+
+@pytest.mark.integration
+def test_a_killed_launcher_takes_every_process_it_started_with_it(tmp_path):
+    proc, _, pids = _start_run(tmp_path)
+    proc.kill()  # SIGKILL: no finally runs; the kernel's parent-death signal must act
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while [p for p in pids.values() if _running(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [n for n, pid in pids.items() if _running(pid)] == []

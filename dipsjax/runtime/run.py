@@ -478,6 +478,18 @@ def main(argv: list[str] | None = None) -> int:
         help="continue a stopped run",
     )
     parser.add_argument(
+        "--executor",
+        choices=("local", "slurm", "kubernetes"),
+        default="local",
+        help="local: processes on this machine (default); slurm: submit a heterogeneous "
+        "job (sbatch); kubernetes: write a JobSet manifest to RUN_DIR/jobset.yaml",
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="slurm: wait for the job to end and print its summary",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the job's plan (memory and wire bytes per role, layer assignment, push "
@@ -513,6 +525,13 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.config}: {e}")
         return 0
     run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.executor != "local":
+        from dipsjax.launch.cli import cluster
+
+        try:
+            return cluster(args, cfg, sim, requirements, run_dir)
+        except (FileNotFoundError, ValueError, RuntimeError) as e:
+            parser.error(f"{args.config}: {e}")
     try:
         spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
     except (FileNotFoundError, ValueError) as e:

@@ -1,0 +1,137 @@
+"""The Kubernetes executor's manifests: schema-valid, and naming what the pods will be."""
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+
+from dipsjax.launch import Requirements
+from dipsjax.launch import kubernetes as k8s
+from dipsjax.launch.cli import k8s_name
+from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _jobset(docs):
+    return next(d for d in docs if d["kind"] == "JobSet")
+
+
+def _by_kind(docs, kind):
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def test_the_jobset_names_every_role_and_the_spec_reaches_the_pods_by_their_dns_names(tmp_path):
+    sim = SimConfig(learners=3, followers=2, speeds=(1.0, 1.5, 2.0))
+    ex = k8s.Kubernetes(image="registry.example/dipsjax:1", max_restarts=5)
+    exp = k8s.prepare(sim, "dips-run", tmp_path, ex, learner=Requirements(cpus=2, memory_gb=4))
+    docs = ex.manifests(exp, tmp_path / "credentials")  # validated against the schemas
+    js = _jobset(docs)
+    rjobs = {r["name"]: r for r in js["spec"]["replicatedJobs"]}
+    assert {n: r["replicas"] for n, r in rjobs.items()} == {
+        "leader": 1,
+        "follower": 2,
+        "learner": 3,
+    }
+    assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["leader"]}
+    assert js["spec"]["network"]["enableDNSHostnames"] is True
+    # The spec the pods read: the leader and followers at JobSet's pod hostnames
+    # (JOBSET-REPLICATEDJOB-JOBINDEX-PODINDEX.SUBDOMAIN, the subdomain being the JobSet's name).
+    spec = RunSpec.from_json(json.loads(_by_kind(docs, "ConfigMap")["data"]["spec.json"]))
+    assert address(spec.leader) == ("dips-run-leader-0-0.dips-run", ex.leader_port)
+    assert [address(a) for a in spec.followers] == [
+        (f"dips-run-follower-{k}-0.dips-run", ex.follower_port) for k in range(2)
+    ]
+    assert spec.run_dir == k8s.RUN and spec.credentials == k8s.CREDENTIALS
+    assert spec.bind == "0.0.0.0" and spec.sim == sim
+    # The Secret holds the credentials, and the certificate names those hosts.
+    secret = {k: base64.b64decode(v) for k, v in _by_kind(docs, "Secret")["data"].items()}
+    assert secret == {f.name: f.read_bytes() for f in (tmp_path / "credentials").iterdir()}
+    cert = x509.load_pem_x509_certificate(secret["cert.pem"])
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = set(sans.get_values_for_type(x509.DNSName))
+    assert {address(spec.leader)[0], *(address(a)[0] for a in spec.followers)} <= names
+    # Pods: the one entry per role, restarted in place, the learners' resources.
+    for name, r in rjobs.items():
+        job = r["template"]["spec"]
+        pod = job["template"]["spec"]
+        (container,) = pod["containers"]
+        assert container["command"][:4] == ["python", "-m", "dipsjax.launch.entry", name]
+        assert pod["restartPolicy"] == "OnFailure" and job["backoffLimit"] == 5
+        env = {e["name"]: e for e in container["env"]}
+        assert (
+            "jobset.sigs.k8s.io/job-index"
+            in env["JOBSET_JOB_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"]
+        )
+    learner = rjobs["learner"]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert learner["resources"]["requests"] == {"cpu": "2", "memory": "4096Mi"}
+    leader = rjobs["leader"]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert leader["ports"] == [{"name": "leader", "containerPort": ex.leader_port}]
+
+
+def test_learners_with_their_own_requirements_get_a_replicated_job_each(tmp_path):
+    sim = SimConfig(learners=2, followers=1)
+    ex = k8s.Kubernetes()
+    gpu = Requirements(platform="gpu", accelerators=(0, 1))
+    exp = k8s.prepare(sim, "het", tmp_path, ex, learners={1: gpu})
+    js = _jobset(ex.manifests(exp, tmp_path / "credentials"))
+    rjobs = {r["name"]: r for r in js["spec"]["replicatedJobs"]}
+    assert sorted(rjobs) == ["follower", "leader", "learner-0", "learner-1"]
+    c1 = rjobs["learner-1"]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert c1["command"][-1] == "1"  # its own replicated job: the index is given
+    assert c1["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    env = {e["name"]: e.get("value") for e in c1["env"]}
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["JAX_PLATFORMS"] == "cuda"
+
+
+def test_a_manifest_the_schemas_refuse_is_not_written(tmp_path):
+    sim = SimConfig(learners=1, followers=1)
+    ex = k8s.Kubernetes()
+    exp = k8s.prepare(sim, "Bad_Name", tmp_path, ex)  # not an RFC 1035 label
+    with pytest.raises(ValueError, match="JobSet/Bad_Name"):
+        ex.write(exp, tmp_path / "credentials", tmp_path / "jobset.yaml")
+    assert not (tmp_path / "jobset.yaml").exists()
+    assert k8s_name("paper_1b") == "paper-1b" and k8s_name("1b") == "dipsjax-1b"
+
+
+def test_the_launch_script_writes_a_valid_jobset_for_a_config(tmp_path):
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "launch/dips.py",
+        "--config",
+        "configs/quickstart.py",
+        "--executor",
+        "kubernetes",
+        "--arg",
+        "ci",
+        "--out",
+        str(out),
+        "--set",
+        "launch.kubernetes.image=registry.example/dipsjax:2",
+    ]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "kubectl apply -f" in res.stdout
+    docs = list(yaml.safe_load_all((out / "jobset.yaml").read_text()))
+    from dipsjax.launch import k8s_schema
+
+    k8s_schema.validate(docs)
+    assert (out / "jobset.yaml").stat().st_mode & 0o077 == 0  # it holds the credentials
+    js = _jobset(docs)
+    pods = [r["template"]["spec"]["template"]["spec"] for r in js["spec"]["replicatedJobs"]]
+    assert {p["containers"][0]["image"] for p in pods} == {"registry.example/dipsjax:2"}
+    bad = subprocess.run(
+        [*cmd[:-1], "launch.kubernetes.imag=x"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode == 2 and "launch.kubernetes.imag: unknown" in bad.stderr

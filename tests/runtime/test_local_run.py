@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dipsjax.runtime.run import final_params, launch, make_spec
+from dipsjax.runtime.tbread import run_scalars
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal
 
@@ -58,6 +59,19 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
     assert tree_equal(replay(sim, tape), params)
     # The run ended by drawing its timeline.
     assert (tmp_path / "run" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Every role wrote TensorBoard scalars, and they count what the tape counts.
+    tb = run_scalars(tmp_path / "run")
+    assert set(tb) == {"leader", "follower0", "follower1", "learner0", "learner1", "eval"}
+    rounds = [r for r in tape.round_records() if r.participants]
+    assert [int(v) for _, v in tb["leader"]["round/participants"]] == [
+        len(r.participants) for r in rounds
+    ]
+    for k in range(2):  # each follower logged one outer step per version the tape applied
+        assert len(tb[f"follower{k}"]["follower/apply_s"]) == summary["version"]
+    for j in range(2):  # each learner logged every round it trained (at least those it pushed)
+        pushed = sum(p.learner == j for r in rounds for p in r.participants)
+        losses = [v for _, v in tb[f"learner{j}"]["learner/train_loss"]]
+        assert len(losses) >= pushed and all(0 < v < 10 for v in losses)
     # Every follower applied the same accepted set, weights and clip factor: the tape's.
     logs = [
         [

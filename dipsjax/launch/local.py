@@ -37,15 +37,17 @@ class Local:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
         self.jobs: dict[str, Job] = {}
-        self._next_core = 0
+        self.groups: dict[str, list[subprocess.Popen]] = {}  # a spread job's other processes
+        self.started: set[str] = set()
 
-    def cores_for(self, job: Job) -> set[int] | None:
-        """The cores a job is pinned to: learners only, ``cpus`` cores each, in turn."""
+    def cores_for(self, job: Job, process: int = 0) -> set[int] | None:
+        """The cores a learner process is pinned to: ``cpus`` cores each, in turn (the
+        processes of a spread partition side by side); other roles are not pinned."""
         if not self.pin or job.role != "learner":
             return None
         cores = sorted(os.sched_getaffinity(0))
         n = min(job.requirements.cpus, len(cores))
-        start = job.index * n
+        start = (job.index * job.requirements.processes + process) * n
         return {cores[(start + i) % len(cores)] for i in range(n)}
 
     def environment(self, job: Job) -> dict[str, str]:
@@ -56,25 +58,43 @@ class Local:
         return env
 
     def start(self, job: Job, *extra: str) -> subprocess.Popen:
-        """Starts (or starts again) ``job`` with ``extra`` arguments after its own."""
+        """Starts (or starts again) ``job`` with ``extra`` arguments after its own; returns
+        its (first) process. A job of several processes (a partition spread over
+        ``Requirements.processes``) starts them all, in a JAX world of their own on a fresh
+        coordinator port; its other processes are ``self.groups[NAME]``, and starting the
+        job again first ends any of them still running (they serve the old first one)."""
         spec_path = str(Path(self.spec.run_dir) / "spec.json")
         cmd = job.executable.command(*extra)
         # python -m dipsjax.launch._child PARENT MODULE SPEC ARGS...
         cmd[2:3] = ["dipsjax.launch._child", str(os.getpid()), cmd[2], spec_path]
-        log = (self.logs / f"{job.name}.log").open("a" if job.name in self.procs else self.mode)
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self.environment(job),
-            start_new_session=True,  # our Ctrl-C handling stops them, in order
-        )
-        log.close()
-        pin = self.cores_for(job)
-        if pin:
-            os.sched_setaffinity(proc.pid, pin)
-        self.procs[job.name], self.jobs[job.name] = proc, job
-        return proc
+        env = self.environment(job)
+        n = job.requirements.processes
+        if n > 1:
+            self._end(self.groups.pop(job.name, []))
+            from dipsjax.runtime.run import free_port
+
+            env.update(DIPSJAX_NUM_PROCESSES=str(n), DIPSJAX_COORDINATOR=f"127.0.0.1:{free_port()}")
+        procs = []
+        for i in range(n):
+            name = job.name if i == 0 else f"{job.name}.p{i}"
+            log = (self.logs / f"{name}.log").open("a" if name in self.started else self.mode)
+            self.started.add(name)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**env, "DIPSJAX_PROCESS_ID": str(i)} if n > 1 else env,
+                start_new_session=True,  # our Ctrl-C handling stops them, in order
+            )
+            log.close()
+            pin = self.cores_for(job, i)
+            if pin:
+                os.sched_setaffinity(proc.pid, pin)
+            procs.append(proc)
+        self.procs[job.name], self.jobs[job.name] = procs[0], job
+        if n > 1:
+            self.groups[job.name] = procs[1:]
+        return procs[0]
 
     def launch(self, experiment: Experiment, *extra: str) -> None:
         """Starts every job of ``experiment`` (leader first, then followers, learners)."""
@@ -86,8 +106,15 @@ class Local:
     def failed(self) -> list[str]:
         return [n for n, p in self.procs.items() if p.poll() not in (None, 0)]
 
+    def all(self) -> dict[str, subprocess.Popen]:
+        """Every process, by name (a spread job's others as ``NAME.pI``)."""
+        out = dict(self.procs)
+        for name, group in self.groups.items():
+            out.update({f"{name}.p{i + 1}": p for i, p in enumerate(group)})
+        return out
+
     def write_pids(self) -> None:
-        pids = {name: p.pid for name, p in self.procs.items()}
+        pids = {name: p.pid for name, p in self.all().items()}
         path = Path(self.spec.run_dir) / "pids.json"
         path.with_suffix(".tmp").write_text(json.dumps(pids))
         path.with_suffix(".tmp").replace(path)  # whole, for whoever reads it meanwhile
@@ -95,11 +122,15 @@ class Local:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM to every process still running, SIGKILL to those not gone in
         ``timeout`` seconds; returns once all have exited."""
-        for p in self.procs.values():
+        self._end(list(self.all().values()), timeout)
+
+    @staticmethod
+    def _end(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for p in self.procs.values():
+        for p in procs:
             try:
                 p.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:

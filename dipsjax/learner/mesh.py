@@ -128,3 +128,13 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 def replicated(mesh: Mesh) -> NamedSharding:
     """Fully replicated over the partition (scalars, metrics)."""
     return NamedSharding(mesh, PartitionSpec())
+
+
+def put_host(x: np.ndarray, sharding: jax.sharding.Sharding | jax.Device) -> jax.Array:
+    """A host array (the same on every process) placed with ``sharding``. A sharding over
+    several processes' devices (a partition spread over hosts) takes each process's part
+    from its own copy (``make_array_from_callback``): ``jax.device_put`` would first check,
+    by gathering every array from every process, that the copies agree."""
+    if not isinstance(sharding, jax.sharding.Sharding) or sharding.is_fully_addressable:
+        return jax.device_put(x, sharding, may_alias=False)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])

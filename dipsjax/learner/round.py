@@ -24,9 +24,11 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from dipsjax.learner.mesh import put_host
 from dipsjax.learner.step import (
     InnerOptimizerConfig,
     InnerStep,
@@ -199,7 +201,9 @@ class Learner:
         def put(old: jax.Array, new: Any) -> jax.Array:
             if tuple(jnp.shape(new)) != tuple(old.shape):
                 raise ValueError(f"inner state leaf of shape {jnp.shape(new)}, want {old.shape}")
-            return jax.device_put(jnp.asarray(new, old.dtype), old.sharding)
+            if isinstance(new, jax.Array):
+                return jax.device_put(new.astype(old.dtype), old.sharding)
+            return put_host(np.asarray(new, old.dtype), old.sharding)
 
         self._opt_state = jax.tree.map(put, self._opt_state, state)
 

@@ -33,7 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from dipsjax.learner.mesh import batch_sharding, replicated, shardings_for
+from dipsjax.learner.mesh import batch_sharding, put_host, replicated, shardings_for
 from dipsjax.model.configs import ModelConfig
 from dipsjax.model.llama import Llama, abstract_model
 
@@ -410,9 +410,8 @@ class InnerStep:
         def put(x: Any, dtype: Any, sharding: Any) -> jax.Array:
             if isinstance(x, jax.Array):
                 x = x if x.dtype == dtype else x.astype(dtype)
-            else:
-                x = np.asarray(x, dtype=dtype)
-            return jax.device_put(x, sharding, may_alias=False)
+                return jax.device_put(x, sharding, may_alias=False)
+            return put_host(np.asarray(x, dtype=dtype), sharding)
 
         if self.param_shardings is None:
             device = jax.local_devices()[0]
@@ -425,7 +424,9 @@ class InnerStep:
         arr = np.asarray(batch, dtype=np.int32) if not isinstance(batch, jax.Array) else batch
         if self.batch_sharding is None:
             return jax.device_put(arr, jax.local_devices()[0])
-        return jax.device_put(arr, self.batch_sharding)
+        if isinstance(arr, jax.Array):
+            return jax.device_put(arr, self.batch_sharding)
+        return put_host(arr, self.batch_sharding)
 
 
 def bits_per_byte(loss_nats: float, *, bytes_per_token: float = 1.0) -> float:

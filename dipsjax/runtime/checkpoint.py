@@ -31,10 +31,19 @@ class Checkpoints:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self._ocp = ocp
         self.directory = Path(directory).absolute()
+        # This process alone writes here, even in a JAX world of several processes (a
+        # learner partition spread over hosts: its first process checkpoints host arrays).
+        me = jax.process_index()
+        self.directory.mkdir(parents=True, exist_ok=True)  # orbax won't, for one process
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep, enable_async_checkpointing=asynchronous
+                max_to_keep=keep,
+                create=False,
+                enable_async_checkpointing=asynchronous,
+                multiprocessing_options=ocp.options.MultiprocessingOptions(
+                    primary_host=me, active_processes={me}
+                ),
             ),
         )
 

@@ -53,7 +53,6 @@ from typing import Any
 
 import grpc
 import jax
-import numpy as np
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
@@ -63,8 +62,9 @@ from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
+from dipsjax.runtime.partition import Compute, Partition
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
-from dipsjax.sim.world import add_global_change, pseudo_gradient, push_meta
+from dipsjax.sim.world import push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
@@ -148,22 +148,33 @@ def partition_mesh() -> Any:
     return make_partition_mesh(devices)
 
 
+def partition_compute(spec: RunSpec, j: int) -> tuple[Compute, dict]:
+    """Learner ``j``'s partition (joined across its processes, if spread), its
+    :class:`~dipsjax.runtime.partition.Compute` and its initial parameters on the host
+    (every process of the partition calls this, in step)."""
+    partition = Partition.from_env()
+    cfg = spec.sim
+    learner = Learner(
+        get_config(cfg.model),
+        InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
+        mesh=partition_mesh(),
+        learner_id=j,
+        seed=cfg.seed,
+        donate=False,
+    )
+    compute = Compute(learner, methods.build(cfg.method).reference, partition)
+    return compute, compute._params()
+
+
 class LearnerNode:
     """Learner ``j`` of a run (see module docstring)."""
 
     def __init__(self, spec: RunSpec, j: int, incarnation: int = 0, resume: bool = False) -> None:
         self.spec, self.j, self.incarnation, self.resume = spec, j, incarnation, resume
         cfg = spec.sim
-        self.reference = methods.build(cfg.method).reference
-        self.learner = Learner(
-            get_config(cfg.model),
-            InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
-            mesh=partition_mesh(),
-            learner_id=j,
-            seed=cfg.seed,
-            donate=False,
-        )
-        flat = outer.flatten(jax.device_get(self.learner.params_dict()))
+        self.compute, params = partition_compute(spec, j)
+        self.learner, self.reference = self.compute.learner, self.compute.reference
+        flat = outer.flatten(params)
         self.paths = list(flat)
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
         chunks = train_chunks(
@@ -426,10 +437,8 @@ class LearnerNode:
     def take(self, version: int, params: dict, first: bool = False) -> None:
         """Starts from a global version: its parameters (``replace``), or, with
         ``adopt='delta'``, the learner's own plus the global change since its last one."""
-        own = params
-        if self.spec.sim.adopt == "delta" and not first and self.base is not None:
-            own = add_global_change(self.learner.params_dict(), params, self.base)
-        self.learner.pull(own, version=version, reset_optimizer=first)
+        delta = self.spec.sim.adopt == "delta" and not first and self.base is not None
+        self.compute.call("take", params, version, first, self.base if delta else None)
         self.base = params
 
     # -- checkpoints -------------------------------------------------------------------
@@ -446,7 +455,8 @@ class LearnerNode:
             "position": self.stream.position.to_dict(),
             "tokens": self.trained["tokens"],
         }
-        self.ckpt.save(2 * self.rounds + (kind == "pushed"), self.learner.opt_state, meta)
+        state = self.compute.call("opt_state")  # on the host (gathered, if spread)
+        self.ckpt.save(2 * self.rounds + (kind == "pushed"), state, meta)
 
     def restore(self, send: m.SendModel) -> dict[str, Any]:
         """Resumes from the newest checkpoint (or the round start before it, if the restart
@@ -462,9 +472,9 @@ class LearnerNode:
         lost = send.last_round == newest["round_id"] and send.last_outcome == "lost"
         if newest["kind"] == "pushed" and lost:
             step -= 1  # the restart lost that push, not its chunks: train that round again
-        state, meta = self.ckpt.restore(self.learner.opt_state, step)
+        state, meta = self.ckpt.restore(self.compute.call("opt_state"), step)
         self.ckpt.drop_after(step)
-        self.learner.set_opt_state(state)
+        self.compute.call("set_opt_state", state)
         pos = StreamPosition.from_dict(meta["position"])
         cfg = self.spec.sim
         self.stream = BatchStream(
@@ -497,15 +507,8 @@ class LearnerNode:
         was, so that compile time never counts as training time (the slowdown multiplies
         measured training time)."""
         cfg = self.spec.sim
-        init = self.learner.params_dict()
-        batch = np.zeros((cfg.batch_size, cfg.seq_len + 1), np.int32)
-        steps = cfg.inner_steps  # the round's shapes: a shorter one compiles another program
-        for _ in range(2):  # the second from pulled parameters, as every real round starts
-            contrib = self.learner.run_round([batch] * steps, num_steps=steps, reference="start")
-            delta = pseudo_gradient(self.reference, contrib, self.learner, init)
-            jax.block_until_ready(add_global_change(delta, init, init))
-            self.learner.pull(init, version=0, reset_optimizer=True)
-        self.learner.steps_done = self.learner.tokens_done = 0
+        # The round's shapes: a shorter round would compile another program.
+        self.compute.call("warm_up", (cfg.batch_size, cfg.seq_len + 1), cfg.inner_steps)
 
     def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
@@ -538,6 +541,8 @@ class LearnerNode:
             "compute_seconds": tr.get("compute", 0.0),  # wall time of its rounds' steps
             "cpu_seconds": use.ru_utime + use.ru_stime,  # the process's, all threads
             "unused": dict(self.unused),  # pushes the leader said were bad input, by kind
+            "partition_calls": self.compute.calls,  # computations, shared if spread
+            "processes": self.compute.partition.num_processes,
         }
         (out / "stats.json").write_text(json.dumps(stats))
 
@@ -555,10 +560,7 @@ class LearnerNode:
         for _ in range(rounds):
             data = self.stream.take_round(cfg.inner_steps)
             t0 = time.perf_counter()
-            contrib = self.learner.run_round(
-                data.batches, num_steps=len(data.batches), reference="start"
-            )
-            jax.block_until_ready(contrib.delta)
+            contrib, _ = self.compute.call("round", data.batches, len(data.batches), None)
             took = time.perf_counter() - t0
             time.sleep((speed - 1.0) * took)
             self._count(contrib.tokens, t0, took)
@@ -619,6 +621,7 @@ class LearnerNode:
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
+            self.compute.stop()  # the partition's other processes, if spread, end too
             self.write_stats()
             self.stop.set()
             self.tb.close()
@@ -700,11 +703,7 @@ class LearnerNode:
                 time.sleep(0.5)  # no chunk to lease now
                 continue
             t0 = time.perf_counter()
-            contrib = self.learner.run_round(
-                data.batches, num_steps=len(data.batches), reference="start"
-            )
-            delta = pseudo_gradient(self.reference, contrib, self.learner, self.base)
-            delta = jax.block_until_ready(delta)
+            contrib, delta = self.compute.call("round", data.batches, len(data.batches), self.base)
             took = time.perf_counter() - t0
             time.sleep((speed - 1.0) * took)
             self._count(contrib.tokens, t0, took)
@@ -753,6 +752,23 @@ class LearnerNode:
             self.rounds += 1
 
 
+def serve_partition(spec: RunSpec, j: int) -> int:
+    """A process of learner ``j``'s partition other than its first: it computes what
+    process 0 broadcasts (every inner step, on its share of the partition's devices) and
+    never talks to the syncer; it ends when process 0 says stop, or with the partition's
+    JAX world when process 0 dies."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    compute, _ = partition_compute(spec, j)
+    p = compute.partition
+    print(f"learner {j}: process {p.process_id} of {p.num_processes}: serving", flush=True)
+    served = compute.serve()
+    print(f"learner {j}: process {p.process_id}: stopped after {served} calls", flush=True)
+    out = Path(spec.run_dir) / f"learner{j}" / f"process{p.process_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"calls": served}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dipsjax-learner", description=__doc__)
     parser.add_argument("spec")
@@ -761,7 +777,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solo", type=int, default=0, help="train this many rounds alone")
     parser.add_argument("--resume", action="store_true", help="restart from its checkpoints")
     args = parser.parse_args(argv)
-    node = LearnerNode(RunSpec.read(args.spec), args.index, args.incarnation, args.resume)
+    spec = RunSpec.read(args.spec)
+    spread = int(os.environ.get("DIPSJAX_NUM_PROCESSES", "1")) > 1
+    if spread and int(os.environ.get("DIPSJAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))):
+        return serve_partition(spec, args.index)
+    node = LearnerNode(spec, args.index, args.incarnation, args.resume)
 
     def on_term(*_: Any) -> None:
         node.terminating = True  # no locks here: the loop checks it at its safe points

@@ -438,7 +438,7 @@ def launch(
     if status_path.exists():
         summary["leader_tokens"] = json.loads(status_path.read_text())["tokens"]
     summary["wall_seconds"] = time.monotonic() - t0
-    summary["pids"] = {name: p.pid for name, p in procs.procs.items()}
+    summary["pids"] = {name: p.pid for name, p in procs.all().items()}
     if evaluate:
         summary["curve"] = evaluate_run(spec)
         plot(summary["curve"], run_dir / "loss.png")

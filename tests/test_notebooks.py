@@ -1,17 +1,122 @@
-"""Every notebook in colabs/ executes top to bottom (its cells assert their own results)."""
+"""Every notebook in colabs/ executes top to bottom (its cells assert their own results).
 
+Notebooks run on their tiny settings: the kernel inherits ``DIPSJAX_NOTEBOOK_TINY=1`` and
+writes what it produces under ``DIPSJAX_NOTEBOOK_OUT`` (a temporary folder). Notebooks with
+an entry in ``CHECKS`` are then checked against what they wrote and displayed.
+"""
+
+import json
+import math
 import pathlib
 
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from dipsjax.sim import goodput as gp
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "colabs").glob("*.ipynb"))
 
 
+def _outputs(nb, kind):
+    """Every output of the executed notebook carrying MIME type ``kind``."""
+    return [
+        o["data"][kind]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type in ("display_data", "execute_result") and kind in o.get("data", {})
+    ]
+
+
+def _check_heterogeneity(nb, out):
+    out = out / "heterogeneity"
+    res = json.loads((out / "results.json").read_text())
+    assert res["tiny"]
+    methods, etas = res["methods"], res["etas"]
+    assert set(methods) == {"dp", "sync_diloco", "naive_async", "dips", "decoupled"}
+    assert len(etas) >= 2
+    runs = {(r["method"], r["eta"]): r for r in res["runs"]}
+    assert set(runs) == {(m, e) for m in methods for e in etas}  # a result per (method, eta)
+    targets = {"time_to_target": res["target"], "time_to_reference": res["reference"]}
+    for (method, eta), r in runs.items():
+        losses = [p["val_loss"] for p in r["curve"]]
+        assert losses and all(math.isfinite(x) for x in losses), (method, eta)
+        assert r["final_val_loss"] == losses[-1]
+        assert 0.0 <= r["idle_fraction"] < 1.0 and r["tokens_per_second"] > 0
+        # The time to a target is the curve's first crossing (or none if it never crosses).
+        for key, target in targets.items():
+            crossed = [p["t"] for p in r["curve"] if p["val_loss"] <= target]
+            if r[key] is None:
+                assert not crossed, (method, eta, key)
+            else:
+                assert crossed and r[key] <= crossed[0] + 1e-9, (method, eta, key)
+        # The table is what the simulator measured (run_experiment's metrics.json).
+        metrics = json.loads((out / f"eta{eta}" / "metrics.json").read_text())["runs"][method]
+        assert metrics["final_val_loss"] == r["final_val_loss"]
+        assert metrics["tokens_per_second"] == r["tokens_per_second"]
+    lo, hi = min(etas), max(etas)
+    # Synchronous DiLoCo reaches its own final loss at the smallest eta: the reference.
+    assert runs["sync_diloco", lo]["time_to_reference"] is not None
+    # Barriers wait for the slowest learner: the synchronous methods lose throughput as eta
+    # grows; Di-PS keeps the fast learners busy.
+    for method in ("dp", "sync_diloco"):
+        assert runs[method, hi]["tokens_per_second"] < runs[method, lo]["tokens_per_second"]
+    assert runs["dips", hi]["tokens_per_second"] > runs["sync_diloco", hi]["tokens_per_second"]
+    assert runs["dips", hi]["idle_fraction"] < runs["sync_diloco", hi]["idle_fraction"]
+    # The figures: written and shown; the table: a row per (method, eta).
+    for name in ("loss_vs_time.png", "loss_vs_tokens.png", "vs_eta.png"):
+        assert (out / name).stat().st_size > 10_000, name
+    assert len(_outputs(nb, "image/png")) >= 3
+    table = next(md for md in _outputs(nb, "text/markdown") if md.startswith("Target loss"))
+    for method in methods:
+        for eta in etas:
+            assert f"| {eta} | {method} |" in table
+
+
+def _check_goodput(nb, out):
+    out = out / "goodput"
+    res = json.loads((out / "goodput.json").read_text())
+    assert res["days"] < 30  # the tiny horizon
+    assert res["chips"] == [150_000, 1_200_000, 2_400_000]
+    # The notebook's table is the library's, computed here directly.
+    direct = gp.sweep(res["chips"], res["methods"], horizon_days=res["days"], seed=res["seed"])
+    closed = gp.sweep(res["chips"], res["methods"], use_analytic=True)
+    for label in res["methods"]:
+        for n in res["chips"]:
+            assert res["percent"][label][str(n)] == pytest.approx(direct[label][n], abs=1e-9)
+            assert res["analytic_percent"][label][str(n)] == pytest.approx(
+                closed[label][n], abs=1e-9
+            )
+    pct = res["percent"]
+    assert abs(pct["elastic_dp"]["1200000"] - 58) <= 3  # the paper's anchors
+    assert abs(pct["decoupled_m8"]["1200000"] - 88) <= 3
+    # The curves: goodput falls with chips and with the failure rate, rises with M.
+    curves = res["curves"]
+    for label in res["methods"]:
+        by_chips = curves["chips"][label]["percent"]
+        by_rate = curves["failure_rate"][label]["percent"]
+        assert by_chips[0] > by_chips[-1] and by_rate[0] > by_rate[-1], label
+    for n, c in curves["partitions"].items():
+        assert c["learners"] == sorted(c["learners"])
+        assert c["percent"][-1] > c["percent"][0], n
+        assert c["percent"][-1] > pct["elastic_dp"][n], n
+    for name in ("chips", "failure_rate", "partitions"):
+        assert (out / f"goodput_vs_{name}.png").stat().st_size > 10_000, name
+    assert len(_outputs(nb, "image/png")) >= 3
+    table = next(md for md in _outputs(nb, "text/markdown") if md.startswith("Goodput"))
+    for n in res["chips"]:
+        assert f"| {gp.format_count(n)} |" in table
+
+
+CHECKS = {"heterogeneity.ipynb": _check_heterogeneity, "goodput.ipynb": _check_goodput}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_executes(path):
+def test_notebook_executes(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("DIPSJAX_NOTEBOOK_TINY", "1")
+    monkeypatch.setenv("DIPSJAX_NOTEBOOK_OUT", str(tmp_path))
     nb = nbformat.read(path, as_version=4)
     NotebookClient(
         nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
@@ -24,7 +129,14 @@ def test_notebook_executes(path):
         if o.output_type == "error"
     ]
     assert not errors
+    if path.name in CHECKS:
+        CHECKS[path.name](nb, tmp_path)
 
 
 def test_notebooks_exist():
-    assert any(p.name == "outer_transforms.ipynb" for p in NOTEBOOKS)
+    names = {p.name for p in NOTEBOOKS}
+    assert {"outer_transforms.ipynb", "event_tape.ipynb", "heterogeneity.ipynb"} <= names
+    assert "goodput.ipynb" in names
+    # Each notebook is written by its builder (colabs/_build_NAME.py).
+    for p in NOTEBOOKS:
+        assert (ROOT / "colabs" / f"_build_{p.stem}.py").is_file(), p.name

@@ -31,6 +31,10 @@ if [ "$(cat .venv/.dipsjax-stamp 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" > .venv/.dipsjax-stamp
 fi
 
+# A real SLURM for the SLURM executor's tests (tests/launch/test_slurm.py starts and stops
+# a cluster of its own on this machine): Debian's slurm-wlm and munge, when missing.
+bash scripts/slurm_cluster.sh install
+
 if [ -f dipsjax/data/fetch.py ]; then
   .venv/bin/python -m dipsjax.data.fetch
 fi

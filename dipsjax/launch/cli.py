@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,8 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
         )
         return 0
     from dipsjax.launch.slurm import Slurm
-    from dipsjax.runtime.run import make_spec, report, summarize
+    from dipsjax.runtime.run import finish, make_spec, report
+    from dipsjax.runtime.spec import RunSpec
 
     executor = Slurm(**executor_settings(cfg, "slurm", Slurm))
     spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
@@ -67,9 +69,14 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
     )
     if not args.wait:
         return 0
-    state = executor.wait(job_id)
-    summary = summarize(run_dir)
-    summary["wall_seconds"] = 0.0
-    print(f"SLURM job {job_id} ended: {state}")
-    report(spec, summary)
+    t0 = time.monotonic()
+    try:
+        state = executor.wait(job_id)
+    except KeyboardInterrupt:
+        executor.cancel(job_id)
+        print(f"stopped: SLURM job {job_id} cancelled", flush=True)
+        return 130
+    print(f"SLURM job {job_id} ended: {state}", flush=True)
+    spec = RunSpec.read(run_dir / "spec.json")  # as the job prepared it
+    report(spec, finish(spec, time.monotonic() - t0, slurm_job=job_id, slurm_state=state))
     return 0 if state == "COMPLETED" else 1

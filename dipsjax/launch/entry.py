@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
 from dipsjax.launch.core import MODULES, ROLES
+
+# What a role's first log line says of where it runs.
+CLUSTER_VARS = ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_PROCID", "HOSTNAME", "JOBSET_JOB_INDEX")
 
 
 def count_start(run_dir: Path, name: str) -> int:
@@ -69,6 +73,9 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
     if role != "leader" and not 0 <= index < limit:
         raise ValueError(f"{role} index {index} is out of range [0, {limit})")
     args = [] if role == "leader" else [str(index)]
+    spread = int(os.environ.get("DIPSJAX_NUM_PROCESSES", "1")) > 1
+    process = int(os.environ.get("DIPSJAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0")))
+    count = count and not (spread and process > 0)  # a partition's first process counts
     extra = start_args(role, index or 0, Path(spec.run_dir), count)
     return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
 
@@ -87,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         print(" ".join(cmd))
         return 0
-    sys.stdout.flush()
+    where = [f"host {socket.gethostname()}", f"pid {os.getpid()}"]
+    where += [f"{k} {os.environ[k]}" for k in CLUSTER_VARS if k in os.environ]
+    print(f"{args.role}: {' '.join(cmd[2:])} ({', '.join(where)})", flush=True)
     os.execv(cmd[0], cmd)
     return 0  # not reached
 

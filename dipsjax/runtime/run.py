@@ -429,16 +429,26 @@ def launch(
     finally:
         procs.stop()
         signal.signal(signal.SIGTERM, previous)
+    pids = {name: p.pid for name, p in procs.all().items()}
+    return finish(spec, time.monotonic() - t0, evaluate, pids=pids)
+
+
+def finish(spec: RunSpec, wall: float, evaluate: bool = True, **extra: Any) -> dict[str, Any]:
+    """What every run ends with, however it was launched: the tape's summary with the
+    leader's token books, the timeline, the validation curve (``evaluate``) and
+    ``RUN_DIR/summary.json``."""
+    run_dir = Path(spec.run_dir)
     summary = summarize(run_dir)
     if (run_dir / "tape.jsonl").exists():
         from dipsjax.runtime import timeline
 
         tape = EventTape.read(run_dir / "tape.jsonl")
         timeline.plot(tape, run_dir / "timeline.png", title=f"{spec.sim.method}: {run_dir.name}")
+    status_path = run_dir / "leader" / "status.json"
     if status_path.exists():
         summary["leader_tokens"] = json.loads(status_path.read_text())["tokens"]
-    summary["wall_seconds"] = time.monotonic() - t0
-    summary["pids"] = {name: p.pid for name, p in procs.all().items()}
+    summary["wall_seconds"] = wall
+    summary.update(extra)
     if evaluate:
         summary["curve"] = evaluate_run(spec)
         plot(summary["curve"], run_dir / "loss.png")

@@ -1,0 +1,146 @@
+"""The SLURM executor on a real SLURM cluster: Debian's slurm-wlm and munge, started here by
+``scripts/slurm_cluster.sh`` (slurmctld and a slurmd per emulated node, on this machine),
+a small dipsjax run submitted as one heterogeneous job, the daemons stopped by pid after."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dipsjax.launch import Experiment, Requirements, role_jobs
+from dipsjax.launch.slurm import Slurm
+from dipsjax.runtime.spec import RunSpec, address
+from dipsjax.sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A 3-node cluster (a node per component of the job: the syncer and 2 learners)."""
+    subprocess.run(["bash", str(SCRIPT), "install"], check=True, capture_output=True)
+    directory = Path(tempfile.mkdtemp(prefix="dipsjax-slurm-", dir="/tmp"))
+    out = subprocess.run(
+        ["bash", str(SCRIPT), "start", "--nodes", "3", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    env = {"SLURM_CONF": str(directory / "slurm.conf")}
+    pids = [int(p.read_text()) for p in directory.glob("*.pid")]
+    assert len(pids) >= 5, "munged, slurmctld and 3 slurmd"
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop", str(directory)], check=False)
+        shutil.rmtree(directory, ignore_errors=True)
+        assert [p for p in pids if _running(p)] == [], "a daemon is still running"
+
+
+def _running(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _procs_mentioning(text):
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if text in cmd and state != "Z":
+                out.append(cmd)
+    return out
+
+
+def test_the_batch_script_is_a_heterogeneous_job_with_a_step_per_role(tmp_path):
+    sim = SimConfig(learners=2, followers=2)
+    spec = RunSpec(
+        sim, "127.0.0.1:5000", ("127.0.0.1:6000", "127.0.0.1:6001"), "", str(tmp_path), (0, 1), 4
+    )
+    spread = Requirements(processes=2, cpus=2, cpu_devices=2, memory_gb=2)
+    exp = Experiment("t", spec).add(role_jobs(spec, learners={1: spread}))
+    script = Slurm(partition="gpu", time="00:10:00").script(exp)
+    lines = script.splitlines()
+    assert lines.count("#SBATCH hetjob") == 2  # 3 components: the syncer, 2 learners
+    comps = " ".join(lines).split("#SBATCH hetjob")
+    assert "--ntasks=3" in comps[0]  # the leader and 2 followers
+    assert "--ntasks=1" in comps[1] and "--ntasks=2" in comps[2] and "--cpus-per-task=2" in comps[2]
+    assert "--mem-per-cpu=1024M" in comps[2] and "--partition=gpu" in comps[2]
+    steps = [x for x in lines if x.startswith("role ")]
+    assert [x.split()[1] for x in steps] == [
+        "leader",
+        "follower0",
+        "follower1",
+        "learner0",
+        "learner1",
+    ]
+    assert all("--het-group=0" in x for x in steps[:3])
+    assert "--het-group=1" in steps[3] and "--het-group=2" in steps[4]
+    assert "DIPSJAX_NUM_PROCESSES=2" in steps[4] and "DIPSJAX_NUM_PROCESSES" not in steps[3]
+    assert steps[4].endswith(f"-m dipsjax.launch.entry learner {tmp_path}/spec.json 1 &")
+
+
+def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slurm, tmp_path):
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable,
+        "launch/dips.py",
+        "--config",
+        "configs/quickstart.py",
+        "--executor",
+        "slurm",
+        "--arg",
+        "ci",
+        "--set",
+        "sim.learners=2",
+        "--set",
+        "sim.speeds=(1.0, 1.5)",
+        "--out",
+        str(run),
+        "--wait",
+    ]
+    env = {**os.environ, **slurm}
+    res = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr + (run / "logs" / "batch.log").read_text()
+    job_id = (run / "slurm_job").read_text().strip()
+    assert f"SLURM job {job_id} ended: COMPLETED" in res.stdout
+    # The batch script pointed the spec at the syncer's node, with credentials made there.
+    spec = RunSpec.read(run / "spec.json")
+    assert address(spec.leader)[0] == "127.0.0.1" and spec.bind == "0.0.0.0"
+    batch = (run / "logs" / "batch.log").read_text()
+    assert "prepared" in batch and "leader exited with 0" in batch
+    # Every role ran as a step of the job, and the tape and the leader's books agree.
+    steps = set()
+    for name in ("leader", "follower0", "follower1", "learner0", "learner1"):
+        first = (run / "logs" / f"{name}.log").read_text().splitlines()[0]
+        assert f"SLURM_JOB_ID {job_id}" in first, first
+        steps.add(first.split("SLURM_STEP_ID ")[1].split(",")[0])
+    assert len(steps) == 5  # a step each
+    summary = json.loads((run / "summary.json").read_text())
+    books = summary["leader_tokens"]
+    assert books["reported"] >= spec.sim.token_budget and summary["applied"] >= 2
+    assert summary["tokens"] == books["applied"] + books["rejected"]
+    status = json.loads((run / "leader" / "status.json").read_text())
+    assert {j for j, v in status["learners"].items() if v["accepted"] > 0} == {"0", "1"}
+    assert summary["curve"][-1]["val_loss"] < summary["curve"][0]["val_loss"]
+    # SLURM has let the job go, and no process of the run is left.
+    squeue = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, check=True)
+    assert squeue.stdout.strip() == ""
+    assert _procs_mentioning(str(run)) == []

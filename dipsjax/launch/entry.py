@@ -73,9 +73,9 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
     if role != "leader" and not 0 <= index < limit:
         raise ValueError(f"{role} index {index} is out of range [0, {limit})")
     args = [] if role == "leader" else [str(index)]
-    spread = int(os.environ.get("DIPSJAX_NUM_PROCESSES", "1")) > 1
-    process = int(os.environ.get("DIPSJAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0")))
-    count = count and not (spread and process > 0)  # a partition's first process counts
+    from dipsjax.runtime.partition import process_index
+
+    count = count and process_index() == 0  # a partition's first process counts its starts
     extra = start_args(role, index or 0, Path(spec.run_dir), count)
     return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
 

@@ -2,12 +2,14 @@
 
 One replicated job per role: ``leader`` (1), ``follower`` (one Job per shard) and
 ``learner`` (one Job per partition; learners whose requirements differ get a replicated
-job each, ``learner-{j}``). Every pod runs ``python -m dipsjax.launch.entry ROLE
-/dipsjax/config/spec.json``; its index is the JobSet's job index (the downward API's
-``jobset.sigs.k8s.io/job-index``). The run's spec is a ConfigMap, its credentials a Secret
-(the TLS certificates name the pods' DNS names), and the JobSet's own headless Service
-gives every pod a stable name: ``JOBSET-ROLE-INDEX-0.JOBSET``, which the spec's addresses
-use, so a restarted pod is found where it was.
+job each, ``learner-{j}``). A partition spread over ``processes`` is an Indexed Job of
+that many pods, joined by ``jax.distributed`` with the first pod as coordinator. Every pod
+runs ``python -m dipsjax.launch.entry ROLE /dipsjax/config/spec.json``; its index is the
+JobSet's job index (the downward API's ``jobset.sigs.k8s.io/job-index``). The run's spec
+is a ConfigMap, its credentials a Secret (the TLS certificates name the pods' DNS names),
+and the JobSet's own headless Service gives every pod a stable name:
+``JOBSET-ROLE-INDEX-0.JOBSET``, which the spec's addresses use, so a restarted pod is
+found where it was.
 
 Restarts: pods restart in place (``restartPolicy: OnFailure``, ``backoffLimit:
 max_restarts``), as the Di-PS paper has Kubernetes restart its leader; the entry resumes a
@@ -51,6 +53,7 @@ class Kubernetes:
     namespace: str = "default"
     leader_port: int = 50051
     follower_port: int = 50052
+    coordinator_port: int = 62000
     run_claim: str | None = None
     max_restarts: int = 3
 
@@ -67,13 +70,10 @@ class Kubernetes:
             bind="0.0.0.0",
         )
 
-    def _container(self, job: Job, port: int | None, index_arg: bool) -> dict[str, Any]:
+    def _container(
+        self, job: Job, port: int | None, index_arg: bool, rj_name: str, name: str
+    ) -> dict[str, Any]:
         r: Requirements = job.requirements
-        if r.processes > 1:
-            raise ValueError(
-                f"{job.name}: processes={r.processes}: multi-process partitions are not "
-                "supported by the Kubernetes executor yet"
-            )
         resources: dict[str, Any] = {"cpu": str(r.cpus)}
         if r.memory_gb is not None:
             resources["memory"] = f"{int(r.memory_gb * 1024)}Mi"
@@ -90,6 +90,12 @@ class Kubernetes:
                 },
             }
         )
+        if r.processes > 1:  # a spread partition: its pods 0..P-1 (JOB_COMPLETION_INDEX)
+            first = f"{name}-{rj_name}-$(JOBSET_JOB_INDEX)-0.{name}"
+            env += [
+                {"name": "DIPSJAX_NUM_PROCESSES", "value": str(r.processes)},
+                {"name": "DIPSJAX_COORDINATOR", "value": f"{first}:{self.coordinator_port}"},
+            ]
         container: dict[str, Any] = {
             "name": job.role,
             "image": self.image,
@@ -127,8 +133,8 @@ class Kubernetes:
             "replicas": replicas,
             "template": {
                 "spec": {
-                    "parallelism": 1,
-                    "completions": 1,
+                    "parallelism": job.requirements.processes,
+                    "completions": job.requirements.processes,
                     "completionMode": "Indexed",
                     "backoffLimit": self.max_restarts,
                     "template": {
@@ -140,7 +146,7 @@ class Kubernetes:
                         },
                         "spec": {
                             "restartPolicy": "OnFailure",
-                            "containers": [self._container(job, port, index_arg)],
+                            "containers": [self._container(job, port, index_arg, rj_name, name)],
                             "volumes": volumes,
                         },
                     },

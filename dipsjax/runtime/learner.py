@@ -62,7 +62,7 @@ from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
-from dipsjax.runtime.partition import Compute, Partition
+from dipsjax.runtime.partition import Compute, Partition, process_index
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
 from dipsjax.sim.world import push_meta
 from dipsjax.syncer import messages as m
@@ -778,8 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="restart from its checkpoints")
     args = parser.parse_args(argv)
     spec = RunSpec.read(args.spec)
-    spread = int(os.environ.get("DIPSJAX_NUM_PROCESSES", "1")) > 1
-    if spread and int(os.environ.get("DIPSJAX_PROCESS_ID", os.environ.get("SLURM_PROCID", "0"))):
+    if process_index() > 0:
         return serve_partition(spec, args.index)
     node = LearnerNode(spec, args.index, args.incarnation, args.resume)
 

@@ -15,10 +15,10 @@ pseudo-gradient, the optimizer state to checkpoint) are gathered
 (``multihost_utils.process_allgather``). With one process it simply calls.
 
 The launcher says how a partition is spread through the environment:
-``DIPSJAX_NUM_PROCESSES``, ``DIPSJAX_PROCESS_ID`` and ``DIPSJAX_COORDINATOR``
-(``host:port`` of process 0; the local executor picks a free port for each start). Under
-SLURM, ``DIPSJAX_NUM_PROCESSES`` alone is set and JAX finds the rest in SLURM's
-environment.
+``DIPSJAX_NUM_PROCESSES``, ``DIPSJAX_COORDINATOR`` (``host:port`` of process 0; the local
+executor picks a free port for each start, Kubernetes uses the first pod's DNS name) and
+the process's index (:func:`process_index`). Under SLURM, ``DIPSJAX_NUM_PROCESSES`` alone
+is set and JAX finds the rest in SLURM's environment.
 """
 
 from __future__ import annotations
@@ -34,6 +34,18 @@ import numpy as np
 from dipsjax.sim.world import add_global_change, pseudo_gradient
 
 STOP = "stop"
+
+
+def process_index() -> int:
+    """This process's place in its partition, as its launcher said: ``DIPSJAX_PROCESS_ID``
+    (local), ``SLURM_PROCID`` (a SLURM step) or ``JOB_COMPLETION_INDEX`` (a Kubernetes
+    Indexed Job); 0 in a partition of one process."""
+    if int(os.environ.get("DIPSJAX_NUM_PROCESSES", "1")) <= 1:
+        return 0
+    for var in ("DIPSJAX_PROCESS_ID", "SLURM_PROCID", "JOB_COMPLETION_INDEX"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +68,7 @@ class Partition:
             return cls()
         coordinator = os.environ.get("DIPSJAX_COORDINATOR")
         if coordinator:
-            pid = int(os.environ["DIPSJAX_PROCESS_ID"])
+            pid = process_index()
             jax.distributed.initialize(
                 coordinator, n, pid, initialization_timeout=120, heartbeat_timeout_seconds=10
             )

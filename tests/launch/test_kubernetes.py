@@ -78,7 +78,7 @@ def test_the_jobset_names_every_role_and_the_spec_reaches_the_pods_by_their_dns_
 def test_learners_with_their_own_requirements_get_a_replicated_job_each(tmp_path):
     sim = SimConfig(learners=2, followers=1)
     ex = k8s.Kubernetes()
-    gpu = Requirements(platform="gpu", accelerators=(0, 1))
+    gpu = Requirements(platform="gpu", accelerators=(0, 1), processes=2)
     exp = k8s.prepare(sim, "het", tmp_path, ex, learners={1: gpu})
     js = _jobset(ex.manifests(exp, tmp_path / "credentials"))
     rjobs = {r["name"]: r for r in js["spec"]["replicatedJobs"]}
@@ -88,6 +88,20 @@ def test_learners_with_their_own_requirements_get_a_replicated_job_each(tmp_path
     assert c1["resources"]["limits"]["nvidia.com/gpu"] == "2"
     env = {e["name"]: e.get("value") for e in c1["env"]}
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["JAX_PLATFORMS"] == "cuda"
+    # Spread over 2 pods (an Indexed Job), the first the partition's JAX coordinator; the
+    # variable it names must come before it (Kubernetes expands $(VAR) of earlier ones).
+    job1 = rjobs["learner-1"]["template"]["spec"]
+    assert job1["parallelism"] == job1["completions"] == 2
+    assert job1["completionMode"] == "Indexed"
+    assert env["DIPSJAX_NUM_PROCESSES"] == "2" and env["DIPSJAX_PARTITION_DEVICES"] == "4"
+    assert (
+        env["DIPSJAX_COORDINATOR"]
+        == f"het-learner-1-$(JOBSET_JOB_INDEX)-0.het:{ex.coordinator_port}"
+    )
+    names = [e["name"] for e in c1["env"]]
+    assert names.index("JOBSET_JOB_INDEX") < names.index("DIPSJAX_COORDINATOR")
+    c0 = rjobs["learner-0"]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert "DIPSJAX_NUM_PROCESSES" not in {e["name"] for e in c0["env"]}
 
 
 def test_a_manifest_the_schemas_refuse_is_not_written(tmp_path):

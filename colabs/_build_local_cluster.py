@@ -40,12 +40,14 @@ TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
 OUT = pathlib.Path(os.environ.get("DIPSJAX_NOTEBOOK_OUT", "runs/colabs")) / "local_cluster"
 RUN = OUT / time.strftime("%Y%m%d-%H%M%S")
 ARGS = ["--arg", "ci"] if TINY else []   # configs/quickstart.py: ci is 4 rounds, else 24
-cmd = [sys.executable, "-m", "dipsjax.cli", "run", "quickstart", *ARGS, "--out", str(RUN)]
+# Through dipsjax.launch._child, so the job ends with this kernel should the kernel die.
+cmd = [sys.executable, "-m", "dipsjax.launch._child", str(os.getpid()),
+       "dipsjax.cli", "run", "quickstart", *ARGS, "--out", str(RUN)]
 RUN.mkdir(parents=True, exist_ok=True)
 LOG = RUN.parent / f"{RUN.name}.launcher.log"
 with LOG.open("w") as log:  # the launcher's own output (its progress lines, the summary)
     job = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-print("started:", " ".join(cmd[2:]), "| pid", job.pid)""",
+print("started:", " ".join(cmd[5:]), "| pid", job.pid)""",
     ),
     (
         "md",

@@ -32,4 +32,11 @@ def get_config(arg=None):
         seed=0,
     )
     cfg.heartbeat_interval = 2.0
+    # How the jobs run (dipsjax.launch.Requirements fields; executors' settings): override
+    # with e.g. --set launch.learner.cpu_devices=2 or --set launch.slurm.partition=gpu.
+    cfg.launch = dict(
+        learner=dict(cpus=1),
+        slurm=dict(time="00:30:00"),
+        kubernetes=dict(image="dipsjax:latest"),
+    )
     return cfg

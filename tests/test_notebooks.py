@@ -57,8 +57,6 @@ def _check_heterogeneity(nb, out):
         assert metrics["final_val_loss"] == r["final_val_loss"]
         assert metrics["tokens_per_second"] == r["tokens_per_second"]
     lo, hi = min(etas), max(etas)
-    # Synchronous DiLoCo reaches its own final loss at the smallest eta: the reference.
-    assert runs["sync_diloco", lo]["time_to_reference"] is not None
     # Barriers wait for the slowest learner: the synchronous methods lose throughput as eta
     # grows; Di-PS keeps the fast learners busy.
     for method in ("dp", "sync_diloco"):
@@ -110,7 +108,31 @@ def _check_goodput(nb, out):
         assert f"| {gp.format_count(n)} |" in table
 
 
-CHECKS = {"heterogeneity.ipynb": _check_heterogeneity, "goodput.ipynb": _check_goodput}
+def _check_local_cluster(nb, out):
+    """The job the notebook started ran to its budget, its books balance, every role wrote
+    TensorBoard scalars, and no process of it is left."""
+    from dipsjax.runtime.tbread import run_scalars
+
+    (run,) = [p for p in (out / "local_cluster").iterdir() if p.is_dir()]
+    summary = json.loads((run / "summary.json").read_text())
+    books = summary["leader_tokens"]
+    assert books["reported"] >= 4 * 16 * 512 * 4  # quickstart --arg ci: its budget
+    assert summary["tokens"] == books["applied"] + books["rejected"]
+    tb = run_scalars(run)
+    assert {"leader", "follower0", "follower1", "eval"} | {f"learner{j}" for j in range(4)} <= set(
+        tb
+    )
+    assert (run / "timeline.png").stat().st_size > 10_000
+    for pid in json.loads((run / "pids.json").read_text()).values():
+        stat = pathlib.Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
+
+
+CHECKS = {
+    "heterogeneity.ipynb": _check_heterogeneity,
+    "goodput.ipynb": _check_goodput,
+    "local_cluster.ipynb": _check_local_cluster,
+}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -136,7 +158,7 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
     assert {"outer_transforms.ipynb", "event_tape.ipynb", "heterogeneity.ipynb"} <= names
-    assert "goodput.ipynb" in names
+    assert {"goodput.ipynb", "local_cluster.ipynb"} <= names
     # Each notebook is written by its builder (colabs/_build_NAME.py).
     for p in NOTEBOOKS:
         assert (ROOT / "colabs" / f"_build_{p.stem}.py").is_file(), p.name

@@ -12,15 +12,19 @@ from dipsjax.launch.core import (
     role_job,
     role_jobs,
 )
+from dipsjax.launch.kubernetes import Kubernetes
 from dipsjax.launch.local import Local
+from dipsjax.launch.slurm import Slurm
 
 __all__ = [
     "Executable",
     "Experiment",
     "Job",
     "JobGroup",
+    "Kubernetes",
     "Local",
     "Requirements",
+    "Slurm",
     "role_job",
     "role_jobs",
 ]

@@ -37,13 +37,21 @@ def k8s_name(name: str) -> str:
 
 def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) -> int:
     """Prepares (and, for SLURM, submits) the run on ``args.executor``."""
+    if args.credentials:
+        raise ValueError(
+            f"--credentials: the {args.executor} executor makes the job's credentials where "
+            "it runs (SLURM: on the syncer's node; Kubernetes: for the pods' DNS names)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.executor == "kubernetes":
         from dipsjax.launch import kubernetes as k8s
 
         executor = k8s.Kubernetes(**executor_settings(cfg, "kubernetes", k8s.Kubernetes))
         name = k8s_name(cfg.name)
-        experiment = k8s.prepare(sim, name, run_dir, executor, **requirements)
+        beat = cfg.get("heartbeat_interval", 1.0)
+        experiment = k8s.prepare(
+            sim, name, run_dir, executor, heartbeat_interval=beat, **requirements
+        )
         path = executor.write(experiment, run_dir / "credentials", run_dir / "jobset.yaml")
         jobs = experiment.jobs
         print(
@@ -77,6 +85,9 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
         print(f"stopped: SLURM job {job_id} cancelled", flush=True)
         return 130
     print(f"SLURM job {job_id} ended: {state}", flush=True)
+    if state != "COMPLETED":
+        print(f"the job did not complete: see {run_dir}/logs/batch.log and the roles' logs")
+        return 1
     spec = RunSpec.read(run_dir / "spec.json")  # as the job prepared it
     report(spec, finish(spec, time.monotonic() - t0, slurm_job=job_id, slurm_state=state))
-    return 0 if state == "COMPLETED" else 1
+    return 0

@@ -41,12 +41,18 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
             raise ValueError(f"--set {path}: unknown field {keys[0]!r}; known {sorted(TOP)}")
         node = cfg
         for i, key in enumerate(keys[:-1]):
+            if not hasattr(node, "keys"):
+                raise ValueError(f"--set {path}: {'.'.join(keys[:i])} is not a block of fields")
             if key not in node:
                 if keys[0] != "launch":
                     raise ValueError(f"--set {path}: {'.'.join(keys[: i + 1])} does not exist")
                 node[key] = ml_collections.ConfigDict()
             node = node[key]
         last, value = keys[-1], parse_value(text)
+        if not hasattr(node, "keys"):
+            raise ValueError(f"--set {path}: {'.'.join(keys[:-1])} is not a block of fields")
+        if len(keys) == 1 and keys[0] in ("sim", "launch", "placement"):
+            raise ValueError(f"--set {path}: a block; set one of its fields ({path}.FIELD=...)")
         if keys[0] == "sim" and len(keys) == 2 and last not in SIM_FIELDS:
             raise ValueError(f"--set {path}: SimConfig has no field {last!r}")
         if last in node and node[last] is not None and value is not None:
@@ -61,7 +67,10 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
                     f"--set {path}: expected {type(old).__name__} (now {old!r}), got "
                     f"{type(value).__name__} {value!r}"
                 )
-        node[last] = value
+        try:
+            node[last] = value
+        except (TypeError, ValueError) as e:  # ml_collections' own type check
+            raise ValueError(f"--set {path}: {e}") from None
     return cfg
 
 

@@ -23,9 +23,13 @@ launcher's self-healing does.
 Example (what ``launch/dips.py`` does)::
 
     from dipsjax import launch
+    from dipsjax.runtime.run import launch as run_locally, make_spec
+
+    spec = make_spec(sim, run_dir)                        # addresses, credentials, shards
     exp = launch.Experiment("quickstart", spec)
     exp.add(launch.role_jobs(spec, learner=launch.Requirements(cpu_devices=2)))
-    launch.Local().launch(exp)          # or Slurm(...).launch(exp), Kubernetes(...).write(exp)
+    run_locally(spec, experiment=exp)                     # Local processes, self-healing
+    # or: launch.Slurm(time="02:00:00").launch(exp) -> a SLURM job id
 """
 
 from __future__ import annotations
@@ -51,11 +55,13 @@ class Requirements:
       cpu_devices: JAX CPU devices in each process (``JAX_NUM_CPU_DEVICES``): the learner's
         partition mesh spans them (``DIPSJAX_PARTITION_DEVICES``); None: one device, the
         process's environment unchanged (the simulator's arithmetic, bit for bit).
-      accelerators: device ids this job may use (``CUDA_VISIBLE_DEVICES`` on GPUs,
-        ``TPU_VISIBLE_CHIPS`` on TPUs); None: JAX runs on the CPU (``JAX_PLATFORMS=cpu``).
+      accelerators: device ids each of its processes may use on its host
+        (``CUDA_VISIBLE_DEVICES`` on GPUs, ``TPU_VISIBLE_CHIPS`` on TPUs); None: JAX runs
+        on the CPU (``JAX_PLATFORMS=cpu``).
       platform: ``cpu``, ``gpu`` or ``tpu`` (with ``accelerators``).
       processes: processes of one partition (multi-host: ``jax.distributed`` inside the
-        partition only; never one world across learners).
+        partition only; never one world across learners); each gets ``cpu_devices`` (1 if
+        not given) CPU devices or its ``accelerators``.
     """
 
     cpus: int = 1
@@ -88,9 +94,10 @@ class Requirements:
         env = {}
         if self.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
-            if self.cpu_devices is not None:
-                env["JAX_NUM_CPU_DEVICES"] = str(self.cpu_devices)
-                env["DIPSJAX_PARTITION_DEVICES"] = str(self.cpu_devices * self.processes)
+            if self.cpu_devices is not None or self.processes > 1:
+                per = self.cpu_devices or 1  # a spread partition: 1 device a process at least
+                env["JAX_NUM_CPU_DEVICES"] = str(per)
+                env["DIPSJAX_PARTITION_DEVICES"] = str(per * self.processes)
         else:
             ids = ",".join(str(i) for i in self.accelerators or ())
             env["JAX_PLATFORMS"] = "cuda" if self.platform == "gpu" else "tpu"
@@ -238,6 +245,14 @@ def role_jobs(
     unknown = sorted(set(per) - set(range(spec.sim.learners)))
     if unknown:
         raise ValueError(f"learner requirements for learners {unknown}: only {spec.sim.learners}")
+    for j in range(spec.sim.learners):
+        r = per.get(j, default)
+        n = int(r.env().get("DIPSJAX_PARTITION_DEVICES", "1"))
+        if spec.sim.batch_size % n:
+            raise ValueError(
+                f"learner {j}: its partition has {n} devices, which must divide "
+                f"sim.batch_size ({spec.sim.batch_size}): the batch is split over them"
+            )
     jobs = [role_job("leader", 0, leader)]
     jobs += [role_job("follower", k, follower) for k in range(len(spec.followers))]
     jobs += [role_job("learner", j, per.get(j, default)) for j in range(spec.sim.learners)]
@@ -259,6 +274,8 @@ def requirements_from_config(cfg: Any) -> dict[str, Any]:
         raise ValueError(f"config launch.{bad}: unknown; known {sorted(known)}")
 
     def make(where: str, fields: Any) -> Requirements:
+        if not hasattr(fields, "items"):
+            raise ValueError(f"config launch.{where}: expected Requirements fields, got {fields!r}")
         fields = dict(fields)
         if "accelerators" in fields and fields["accelerators"] is not None:
             fields["accelerators"] = tuple(fields["accelerators"])
@@ -273,11 +290,18 @@ def requirements_from_config(cfg: Any) -> dict[str, Any]:
     for role in ("follower", "leader"):
         if role in block:
             out[role] = make(role, block[role])
-    base = dict(block.get("learner", {}))
+    base = block.get("learner", {})
+    if not hasattr(base, "items"):
+        raise ValueError(f"config launch.learner: expected Requirements fields, got {base!r}")
+    base = dict(base)
     if "learner" in block:
         out["learner"] = make("learner", base)
     if "learners" in block:
+        learners = block["learners"]
+        if not hasattr(learners, "items") or not all(str(j).isdigit() for j in learners):
+            raise ValueError(f"config launch.learners: expected {{'J': fields}}, got {learners!r}")
         out["learners"] = {
-            int(j): make(f"learners.{j}", {**base, **dict(f)}) for j, f in block["learners"].items()
+            int(j): make(f"learners.{j}", {**base, **dict(f)}) for j, f in learners.items()
         }
+
     return out

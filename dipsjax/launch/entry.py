@@ -75,8 +75,10 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
     args = [] if role == "leader" else [str(index)]
     from dipsjax.runtime.partition import process_index
 
-    count = count and process_index() == 0  # a partition's first process counts its starts
-    extra = start_args(role, index or 0, Path(spec.run_dir), count)
+    if role == "learner" and process_index() > 0:
+        extra = []  # a spread partition's other process: it serves the first, no incarnation
+    else:
+        extra = start_args(role, index or 0, Path(spec.run_dir), count)
     return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
 
 

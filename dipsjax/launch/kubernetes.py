@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -219,13 +220,20 @@ class Kubernetes:
 
         path = Path(path)
         docs = self.manifests(experiment, credentials)
-        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-        path.chmod(0o600)  # it holds the job's credentials
+        path.unlink(missing_ok=True)
+        # Readable by its owner only from the start: it holds the job's credentials.
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as fh:
+            fh.write(yaml.safe_dump_all(docs, sort_keys=False))
         return path
 
 
 def prepare(
-    sim: Any, name: str, out: Path, executor: Kubernetes, **requirements: Any
+    sim: Any,
+    name: str,
+    out: Path,
+    executor: Kubernetes,
+    heartbeat_interval: float = 1.0,
+    **requirements: Any,
 ) -> Experiment:
     """A run of ``sim`` for Kubernetes: credentials for the pods' DNS names (in
     ``out/credentials``), the cluster spec and its experiment."""
@@ -235,6 +243,6 @@ def prepare(
 
     leader, hosts = dns_names(name, sim.followers)  # make_spec may use fewer
     creds = create(out / "credentials", hosts=[leader, *hosts, "localhost", "127.0.0.1"])
-    spec = make_spec(sim, out, credentials=creds.directory)
+    spec = make_spec(sim, out, heartbeat_interval, credentials=creds.directory)
     spec = executor.cluster_spec(spec, name)
     return Experiment(name, spec).add(role_jobs(spec, **requirements))

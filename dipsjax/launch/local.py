@@ -69,6 +69,12 @@ class Local:
         cmd[2:3] = ["dipsjax.launch._child", str(os.getpid()), cmd[2], spec_path]
         env = self.environment(job)
         n = job.requirements.processes
+        if n > 1 and job.requirements.accelerators is not None:
+            raise ValueError(
+                f"{job.name}: a partition of {n} processes with accelerators "
+                f"{job.requirements.accelerators}: on one machine its processes would share "
+                "them; the local executor spreads only CPU partitions (cpu_devices)"
+            )
         if n > 1:
             self._end(self.groups.pop(job.name, []))
             from dipsjax.runtime.run import free_port
@@ -121,8 +127,11 @@ class Local:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM to every process still running, SIGKILL to those not gone in
-        ``timeout`` seconds; returns once all have exited."""
-        self._end(list(self.all().values()), timeout)
+        ``timeout`` seconds; returns once all have exited. A spread job's other processes
+        are left to its first one (which tells them to stop once it has finished) until
+        it has exited, then ended the same way."""
+        self._end(list(self.procs.values()), timeout)
+        self._end([p for group in self.groups.values() for p in group], timeout)
 
     @staticmethod
     def _end(procs: list[subprocess.Popen], timeout: float = 10.0) -> None:

@@ -36,6 +36,24 @@ from typing import Any
 
 from dipsjax.launch.core import Experiment, Job
 
+# States of a job that has not ended (it may still run, or run again).
+LIVE = frozenset(
+    {
+        "PENDING",
+        "RUNNING",
+        "CONFIGURING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "RESIZING",
+        "SUSPENDED",
+        "STOPPED",
+        "SIGNALING",
+        "STAGE_OUT",
+    }
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Slurm:
@@ -72,9 +90,10 @@ class Slurm:
             for k, v in sorted(env.items())
         )
         index = "" if job.role == "leader" else f" {job.index}"
+        log = shlex.quote(str(logs / f"{job.name}.log"))
         srun = (
             f"srun --het-group={group} --ntasks={r.processes} --cpus-per-task={r.cpus} "
-            f"--overlap --job-name={job.name} --output={shlex.quote(str(logs / job.name))}.log "
+            f"--overlap --job-name={job.name} --output={log} "
             f"--open-mode=append --kill-on-bad-exit=1"
         )
         entry = f"{shlex.quote(self.python)} -m dipsjax.launch.entry {job.role} {spec}{index}"
@@ -85,17 +104,21 @@ class Slurm:
         spec = experiment.spec
         run_dir = Path(spec.run_dir)
         spec_path = shlex.quote(str(run_dir / "spec.json"))
-        logs, cache = run_dir / "logs", run_dir / "jax-cache"
+        logs, cache = run_dir / "logs", shlex.quote(str(run_dir / "jax-cache"))
         syncer = [experiment.job("leader"), *experiment.by_role("follower")]
         learners = experiment.by_role("learner")
         head = [
             "#!/bin/bash",
-            f"#SBATCH --job-name={experiment.title}",
+            f"#SBATCH --job-name={shlex.quote(experiment.title)}",
             f"#SBATCH --time={self.time}",
-            f"#SBATCH --output={run_dir / 'logs' / 'batch.log'}",
+            f"#SBATCH --output={shlex.quote(str(run_dir / 'logs' / 'batch.log'))}",
             *(f"#SBATCH --account={self.account}" for _ in [0] if self.account),
             *(f"#SBATCH {line}" for line in self.sbatch),
-            *self._component(len(syncer), 1, None),
+            *self._component(
+                len(syncer),
+                max(j.requirements.cpus for j in syncer),
+                max((j.requirements.memory_gb or 0 for j in syncer), default=0) or None,
+            ),
             "#SBATCH --overcommit",  # the leader is control only: it may share a CPU
         ]
         for job in learners:
@@ -127,7 +150,11 @@ class Slurm:
         body += [self._step(job, 1 + i, spec_path, logs) for i, job in enumerate(learners)]
         body += [
             'wait "$leader"; rc=$?',
-            "wait",
+            'if [ "$rc" != 0 ]; then  # the leader gave up: end every other step with it',
+            '  echo "leader exited with $rc: cancelling the job" >&2',
+            '  scancel "$SLURM_JOB_ID"',
+            "fi",
+            "wait  # the others end once the leader has stopped them",
             'echo "leader exited with $rc"',
             "exit $rc",
         ]
@@ -166,14 +193,17 @@ class Slurm:
                 return word.split("=", 1)[1]
         return None
 
-    def wait(self, job_id: str, timeout: float = 1800.0, every: float = 1.0) -> str:
-        """Waits until the job ended; returns its last state."""
-        deadline = time.monotonic() + timeout
+    def wait(self, job_id: str, timeout: float | None = None, every: float = 1.0) -> str:
+        """Waits until the job ended (``timeout`` seconds at most: None waits as long as
+        the job may run); returns its last state (``COMPLETED``, ``FAILED``, ...)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         last = "PENDING"
-        while time.monotonic() < deadline:
+        while deadline is None or time.monotonic() < deadline:
             state = self.state(job_id)
-            if state is None or state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
-                return state or last
+            if state is None:  # SLURM forgot it (MinJobAge): it ended as last seen ending
+                return last if last not in LIVE else "UNKNOWN"
+            if state not in LIVE:
+                return state
             last = state
             time.sleep(every)
         raise TimeoutError(f"SLURM job {job_id} did not end in {timeout:.0f} s (state {last})")

@@ -621,13 +621,16 @@ class LearnerNode:
         except Stopped as e:
             print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
         finally:
-            self.compute.stop()  # the partition's other processes, if spread, end too
             self.write_stats()
             self.stop.set()
             self.tb.close()
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             for c in self.data + self.pull_data:
                 c.close()
+            # Last: the partition's other processes, if spread, end too (this fails at once
+            # if one of them is gone, which is why it comes after everything else).
+            with contextlib.suppress(Exception):
+                self.compute.stop()
 
     def join(self) -> None:
         """Joins (or, resumed, rejoins from its checkpoints) and pulls the version sent."""

@@ -506,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         "plan, placement) and start nothing",
     )
     args = parser.parse_args(argv)
+    if args.resume and args.executor != "local":
+        parser.error(f"--resume: the {args.executor} executor resumes through its own restarts")
     if args.resume:
         try:
             spec = resumable(Path(args.resume))
@@ -540,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return cluster(args, cfg, sim, requirements, run_dir)
-        except (FileNotFoundError, ValueError, RuntimeError) as e:
+        except (FileNotFoundError, ValueError, RuntimeError, TimeoutError) as e:
             parser.error(f"{args.config}: {e}")
     try:
         spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)

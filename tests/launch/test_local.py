@@ -113,6 +113,52 @@ def test_configs_are_overridden_from_the_command_line_and_validated_with_the_fie
     cfg = run_config.load("quickstart", "ci", ["sim.learners=0"])
     with pytest.raises(ValueError, match="learners"):
         run_config.sim_config(cfg)
+    for overrides, match in [
+        (["sim=3"], "a block; set one of its fields"),
+        (["sim.learners.x=1"], "sim.learners is not a block of fields"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            run_config.load("quickstart", "ci", overrides)
+    for launch, match in [
+        ("launch.learners={'x': {'cpus': 2}}", r"launch.learners: expected \{'J': fields\}"),
+        ("launch.leader=2", "launch.leader: expected Requirements fields"),
+        ("launch.follower={'cpus': 'two'}", "launch.follower"),
+    ]:
+        cfg = run_config.load("quickstart", "ci", [launch])
+        with pytest.raises(ValueError, match=match):
+            requirements_from_config(cfg)
+
+
+def test_a_partition_whose_devices_do_not_divide_the_batch_is_refused_before_anything_starts(
+    tmp_path,
+):
+    spec = _spec(tmp_path)  # batch_size 8
+    with pytest.raises(
+        ValueError, match=r"learner 1: its partition has 3 devices.*batch_size \(8\)"
+    ):
+        role_jobs(spec, learners={1: Requirements(cpu_devices=3)})
+    spread = role_jobs(spec, learner=Requirements(processes=2))  # 1 device a process
+    env = {j.name: j.requirements.env() for j in spread}
+    assert env["learner0"]["DIPSJAX_PARTITION_DEVICES"] == "2"
+    assert env["learner0"]["JAX_NUM_CPU_DEVICES"] == "1"
+    gpu = Requirements(platform="gpu", accelerators=(0, 1), processes=2)
+    exp = Experiment("t", spec).add(role_jobs(spec, learner=gpu))
+    from dipsjax.launch import Local
+
+    with pytest.raises(ValueError, match="its processes would share them"):
+        Local(spec).start(exp.job("learner0"))
+
+
+def test_cluster_executors_refuse_what_they_cannot_honour(tmp_path):
+    base = [sys.executable, "-m", "dipsjax.cli", "run", "--arg", "ci", "--out", str(tmp_path / "r")]
+    for extra, match in [
+        (["--executor", "slurm", "--credentials", str(tmp_path)], "--credentials: the slurm"),
+        (["--executor", "kubernetes", "--resume", str(tmp_path)], "--resume: the kubernetes"),
+    ]:
+        res = subprocess.run(
+            [*base, *extra], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert res.returncode == 2 and match in res.stderr, res.stderr
 
 
 def test_the_entry_resumes_each_role_from_what_the_run_folder_holds(tmp_path):
@@ -201,7 +247,8 @@ def test_a_killed_launcher_takes_every_process_it_started_with_it(tmp_path):
     proc, _, pids = _start_run(tmp_path)
     proc.kill()  # SIGKILL: no finally runs; the kernel's parent-death signal must act
     proc.wait()
-    deadline = time.monotonic() + 30
+    # Learners act on SIGTERM at their next safe point (after compiling, at worst).
+    deadline = time.monotonic() + 120
     while [p for p in pids.values() if _running(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [n for n, pid in pids.items() if _running(pid)] == []

@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def slurm():
-    """A 3-node cluster (a node per component of the job: the syncer and 2 learners)."""
+    """A 3-node cluster (a node per component of a job: the syncer and up to 2 learners)."""
+    if os.geteuid() != 0 or (not shutil.which("apt-get") and not shutil.which("slurmctld")):
+        pytest.skip("a SLURM cluster needs root (its daemons) and Debian's packages")
     subprocess.run(["bash", str(SCRIPT), "install"], check=True, capture_output=True)
     directory = Path(tempfile.mkdtemp(prefix="dipsjax-slurm-", dir="/tmp"))
     out = subprocess.run(
@@ -107,9 +109,13 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
         "--arg",
         "ci",
         "--set",
-        "sim.learners=2",
+        "sim.learners=1",
         "--set",
-        "sim.speeds=(1.0, 1.5)",
+        "sim.speeds=()",
+        "--set",
+        "sim.token_budget=16384",  # 2 rounds
+        "--set",
+        "launch.learner.processes=2",  # jax.distributed from SLURM's environment
         "--out",
         str(run),
         "--wait",
@@ -118,7 +124,10 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
     res = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
-    assert res.returncode == 0, res.stdout + res.stderr + (run / "logs" / "batch.log").read_text()
+    batch_log = run / "logs" / "batch.log"
+    assert res.returncode == 0, (
+        res.stdout + res.stderr + (batch_log.read_text() if batch_log.exists() else "")
+    )
     job_id = (run / "slurm_job").read_text().strip()
     assert f"SLURM job {job_id} ended: COMPLETED" in res.stdout
     # The batch script pointed the spec at the syncer's node, with credentials made there.
@@ -128,17 +137,24 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
     assert "prepared" in batch and "leader exited with 0" in batch
     # Every role ran as a step of the job, and the tape and the leader's books agree.
     steps = set()
-    for name in ("leader", "follower0", "follower1", "learner0", "learner1"):
+    for name in ("leader", "follower0", "follower1", "learner0"):
         first = (run / "logs" / f"{name}.log").read_text().splitlines()[0]
         assert f"SLURM_JOB_ID {job_id}" in first, first
         steps.add(first.split("SLURM_STEP_ID ")[1].split(",")[0])
-    assert len(steps) == 5  # a step each
+    assert len(steps) == 4  # a step each
+    # The learner's partition: 2 tasks of its step, one JAX world, the second serving every
+    # computation the first made (counted apart, by each).
+    log = (run / "logs" / "learner0.log").read_text()
+    assert "SLURM_PROCID 0" in log and "SLURM_PROCID 1" in log
+    stats = json.loads((run / "learner0" / "stats.json").read_text())
+    served = json.loads((run / "learner0" / "process1.json").read_text())
+    assert stats["processes"] == 2 and stats["partition_calls"] == served["calls"] >= 4
     summary = json.loads((run / "summary.json").read_text())
     books = summary["leader_tokens"]
     assert books["reported"] >= spec.sim.token_budget and summary["applied"] >= 2
     assert summary["tokens"] == books["applied"] + books["rejected"]
     status = json.loads((run / "leader" / "status.json").read_text())
-    assert {j for j, v in status["learners"].items() if v["accepted"] > 0} == {"0", "1"}
+    assert status["learners"]["0"]["accepted"] == summary["rounds"] >= 2
     assert summary["curve"][-1]["val_loss"] < summary["curve"][0]["val_loss"]
     # SLURM has let the job go, and no process of the run is left.
     squeue = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, check=True)

@@ -6,10 +6,11 @@ job each, ``learner-{j}``). A partition spread over ``processes`` is an Indexed 
 that many pods, joined by ``jax.distributed`` with the first pod as coordinator. Every pod
 runs ``python -m dipsjax.launch.entry ROLE /dipsjax/config/spec.json``; its index is the
 JobSet's job index (the downward API's ``jobset.sigs.k8s.io/job-index``). The run's spec
-is a ConfigMap, its credentials a Secret (the TLS certificates name the pods' DNS names),
-and the JobSet's own headless Service gives every pod a stable name:
-``JOBSET-ROLE-INDEX-0.JOBSET``, which the spec's addresses use, so a restarted pod is
-found where it was.
+is a ConfigMap, its credentials a Secret (the TLS certificates name the Services), and
+headless Services give the leader and each follower a stable name, ``NAME-leader`` and
+``NAME-follower-K`` (selecting the pod by JobSet's labels), which the spec's addresses
+use, so a restarted or replaced pod is found where it was. JobSet's own pod hostnames
+(``NAME-ROLE-INDEX-0.NAME``) name a spread partition's coordinator.
 
 Restarts: pods restart in place (``restartPolicy: OnFailure``, ``backoffLimit:
 max_restarts``), as the Di-PS paper has Kubernetes restart its leader; the entry resumes a
@@ -41,8 +42,36 @@ ACCELERATOR_RESOURCE = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
 
 
 def dns_names(name: str, followers: int) -> tuple[str, list[str]]:
-    """The leader's and followers' pod hostnames under the JobSet's headless Service."""
-    return f"{name}-leader-0-0.{name}", [f"{name}-follower-{k}-0.{name}" for k in range(followers)]
+    """The leader's and followers' headless Services: ``NAME-leader``, ``NAME-follower-K``
+    (each selects that role's pod; the names resolve in the job's namespace)."""
+    return f"{name}-leader", [f"{name}-follower-{k}" for k in range(followers)]
+
+
+def service(name: str, namespace: str, role: str, port: int, index: int | None = None) -> dict:
+    """A headless Service selecting one role's pod of JobSet ``name`` (by the labels JobSet
+    puts on its pods), published before the pod is ready (the others find it at once)."""
+    selector = {
+        "jobset.sigs.k8s.io/jobset-name": name,
+        "jobset.sigs.k8s.io/replicatedjob-name": role,
+    }
+    if index is not None:
+        selector["jobset.sigs.k8s.io/job-index"] = str(index)
+    svc = f"{name}-{role}" if index is None else f"{name}-{role}-{index}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": svc,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "dipsjax", "dipsjax/role": role},
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector,
+            "ports": [{"name": role, "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +240,11 @@ class Kubernetes:
                 },
             },
         ]
+        docs.append(service(name, self.namespace, "leader", self.leader_port))
+        docs += [
+            service(name, self.namespace, "follower", self.follower_port, k)
+            for k in range(len(followers))
+        ]
         k8s_schema.validate(docs)
         return docs
 
@@ -242,7 +276,11 @@ def prepare(
     from dipsjax.runtime.run import make_spec
 
     leader, hosts = dns_names(name, sim.followers)  # make_spec may use fewer
-    creds = create(out / "credentials", hosts=[leader, *hosts, "localhost", "127.0.0.1"])
+    ns = executor.namespace
+    names = [
+        h for x in (leader, *hosts) for h in (x, f"{x}.{ns}.svc", f"{x}.{ns}.svc.cluster.local")
+    ]
+    creds = create(out / "credentials", hosts=[*names, "localhost", "127.0.0.1"])
     spec = make_spec(sim, out, heartbeat_interval, credentials=creds.directory)
     spec = executor.cluster_spec(spec, name)
     return Experiment(name, spec).add(role_jobs(spec, **requirements))

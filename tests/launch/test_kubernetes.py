@@ -41,13 +41,24 @@ def test_the_jobset_names_every_role_and_the_spec_reaches_the_pods_by_their_dns_
     }
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["leader"]}
     assert js["spec"]["network"]["enableDNSHostnames"] is True
-    # The spec the pods read: the leader and followers at JobSet's pod hostnames
-    # (JOBSET-REPLICATEDJOB-JOBINDEX-PODINDEX.SUBDOMAIN, the subdomain being the JobSet's name).
+    # The spec the pods read: the leader and followers at their headless Services, each
+    # selecting its role's pod (and the follower's job index) by JobSet's pod labels.
     spec = RunSpec.from_json(json.loads(_by_kind(docs, "ConfigMap")["data"]["spec.json"]))
-    assert address(spec.leader) == ("dips-run-leader-0-0.dips-run", ex.leader_port)
+    assert address(spec.leader) == ("dips-run-leader", ex.leader_port)
     assert [address(a) for a in spec.followers] == [
-        (f"dips-run-follower-{k}-0.dips-run", ex.follower_port) for k in range(2)
+        (f"dips-run-follower-{k}", ex.follower_port) for k in range(2)
     ]
+    services = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Service"}
+    assert set(services) == {"dips-run-leader", "dips-run-follower-0", "dips-run-follower-1"}
+    label = "jobset.sigs.k8s.io/"
+    for svc, want in [
+        ("dips-run-leader", {"replicatedjob-name": "leader"}),
+        ("dips-run-follower-1", {"replicatedjob-name": "follower", "job-index": "1"}),
+    ]:
+        sel = services[svc]["selector"]
+        assert sel == {label + "jobset-name": "dips-run", **{label + k: v for k, v in want.items()}}
+        assert services[svc]["clusterIP"] == "None"  # headless: the name is the pod's address
+    assert services["dips-run-leader"]["ports"][0]["port"] == ex.leader_port
     assert spec.run_dir == k8s.RUN and spec.credentials == k8s.CREDENTIALS
     assert spec.bind == "0.0.0.0" and spec.sim == sim
     # The Secret holds the credentials, and the certificate names those hosts.

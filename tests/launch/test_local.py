@@ -17,6 +17,8 @@ from dipsjax.launch.entry import command
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.sim.config import SimConfig
 
+from .procs import running
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -185,15 +187,6 @@ def test_the_entry_resumes_each_role_from_what_the_run_folder_holds(tmp_path):
         command("follower", path, 2)
 
 
-def _running(pid):
-    """Alive and not a zombie (an orphan's zombie is not reaped in some containers)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
 def _start_run(tmp_path, *extra):
     out = tmp_path / "run"
     log = (tmp_path / "launcher.log").open("w")
@@ -234,12 +227,12 @@ def test_the_local_executor_gives_each_learner_its_devices_and_cores_and_ctrl_c_
         assert saved["learner0"]["cpu_devices"] == 2 and saved["learner3"]["cpu_devices"] == 1
         time.sleep(2)
         restarted = (out / "restarts.jsonl").exists()
-        assert not restarted and all(_running(p) for p in pids.values()), "a role died"
+        assert not restarted and all(running(p) for p in pids.values()), "a role died"
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         rc = proc.wait(60)
     assert rc == 130
-    assert [n for n, pid in pids.items() if _running(pid)] == []
+    assert [n for n, pid in pids.items() if running(pid)] == []
 
 
 @pytest.mark.integration
@@ -249,6 +242,6 @@ def test_a_killed_launcher_takes_every_process_it_started_with_it(tmp_path):
     proc.wait()
     # Learners act on SIGTERM at their next safe point (after compiling, at worst).
     deadline = time.monotonic() + 120
-    while [p for p in pids.values() if _running(p)] and time.monotonic() < deadline:
+    while [p for p in pids.values() if running(p)] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert [n for n, pid in pids.items() if _running(pid)] == []
+    assert [n for n, pid in pids.items() if running(pid)] == []

@@ -6,7 +6,6 @@ import os
 import signal
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,15 +15,9 @@ from dipsjax.runtime.run import launch, make_spec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.tape import EventTape
 
+from .procs import running
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _running(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def test_a_partition_spread_over_two_processes_trains_and_comes_back_whole_when_one_dies(
@@ -78,5 +71,5 @@ def test_a_partition_spread_over_two_processes_trains_and_comes_back_whole_when_
     assert (run / "logs" / "learner0.p1.log").read_text().count("process 1 of 2: serving") == 2
     assert "DIPSJAX_NUM_PROCESSES" not in os.environ  # set for the partition's processes only
     assert set(summary["pids"]) == {"leader", "follower0", "follower1", "learner0", "learner0.p1"}
-    assert [n for n, pid in summary["pids"].items() if _running(pid)] == []
-    assert not _running(killed[0])
+    assert [n for n, pid in summary["pids"].items() if running(pid)] == []
+    assert not running(killed[0])

@@ -17,6 +17,8 @@ from dipsjax.launch.slurm import Slurm
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.sim.config import SimConfig
 
+from .procs import running
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "slurm_cluster.sh"
 
@@ -45,27 +47,19 @@ def slurm():
     finally:
         subprocess.run(["bash", str(SCRIPT), "stop", str(directory)], check=False)
         shutil.rmtree(directory, ignore_errors=True)
-        assert [p for p in pids if _running(p)] == [], "a daemon is still running"
-
-
-def _running(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+        assert [p for p in pids if running(p)] == [], "a daemon is still running"
 
 
 def _procs_mentioning(text):
+    """The command lines of running processes that mention ``text``."""
     out = []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if text in cmd and state != "Z":
-                out.append(cmd)
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+            continue
+        if d.name.isdigit() and text in cmd and running(int(d.name)):
+            out.append(cmd)
     return out
 
 

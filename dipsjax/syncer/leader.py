@@ -60,6 +60,7 @@ from dipsjax.syncer.messages import (
     Discard,
     Event,
     Evict,
+    EvictKind,
     FollowerApplied,
     FollowerHeartbeat,
     FollowerJoined,
@@ -77,6 +78,7 @@ from dipsjax.syncer.messages import (
     PushRequested,
     PushShards,
     Refuse,
+    RefuseKind,
     Rejoin,
     RequestNorms,
     SendModel,
@@ -404,7 +406,14 @@ class Leader:
         known = self.incarnations.get(ev.learner)
         if known is not None and ev.incarnation < known:
             self.refused["incarnation"] += 1
-            return [Refuse(ev.learner, f"incarnation {ev.incarnation} is older than {known}")]
+            return [
+                Refuse(
+                    ev.learner,
+                    f"incarnation {ev.incarnation} is older than {known}",
+                    RefuseKind.INCARNATION,
+                    ev.incarnation,
+                )
+            ]
         want = self.config.fingerprint
         if want and ev.fingerprint != want:
             self.refused["fingerprint"] += 1
@@ -413,6 +422,8 @@ class Leader:
                     ev.learner,
                     f"model fingerprint {ev.fingerprint or '(none)'} is not the job's {want}: "
                     "another model, config or code version",
+                    RefuseKind.FINGERPRINT,
+                    ev.incarnation,
                 )
             ]
         actions: list[Action] = []
@@ -504,7 +515,10 @@ class Leader:
         incarnation = self.members.pop(learner).incarnation
         event = {"left": "leave", "restarted": "restart"}.get(reason, "evict")
         self._membership(t, event, learner, reason=reason)
-        actions: list[Action] = [Evict(learner, reason, incarnation)]
+        kind = {"left": EvictKind.LEFT, "restarted": EvictKind.RESTARTED}.get(
+            reason, EvictKind.SILENT
+        )
+        actions: list[Action] = [Evict(learner, reason, incarnation, kind)]
         # A contribution not yet handed to the followers is dropped; later ones stay merged.
         queues = [self.waiting]
         if self.round is not None and self.round.phase in (Phase.COLLECTING, Phase.TRANSFERS):
@@ -599,7 +613,7 @@ class Leader:
         self.ledger.settle(ev.learner, tokens, "dropped")
         if release:
             self._release_chunks(ev.learner, ev.meta.finished_chunks)
-        return [Refuse(ev.learner, reason)]
+        return [Refuse(ev.learner, reason, RefuseKind(kind), ev.meta.incarnation)]
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
         member = self.members.get(ev.learner)
@@ -680,7 +694,8 @@ class Leader:
         if self.round is None or ev.round_id != self.round.round_id:
             return []
         for p in self.round.pushes:
-            if p.learner == ev.learner:
+            # (A dead incarnation's late word is not about the member's push.)
+            if p.learner == ev.learner and p.meta.incarnation == ev.incarnation:
                 p.transferred = True
         return []
 

@@ -25,7 +25,36 @@ JSON with :func:`to_json` / :func:`from_json`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
+
+
+class RefuseKind(enum.StrEnum):
+    """Why the leader refused a learner's request (:class:`Refuse`): the keys of its
+    ``refused`` counter. Drivers match on these, never on the human-readable reason."""
+
+    STOPPED = "stopped"  # the job has stopped
+    UNKNOWN = "unknown"  # not a member (never joined, or evicted meanwhile)
+    INACTIVE = "inactive"  # a member that must pull a model first
+    INCARNATION = "incarnation"  # an incarnation older (or other) than the member's
+    INVALID = "invalid"  # a push whose counts or version make no sense
+    PENDING = "pending"  # a push of this learner is already pending
+    FINGERPRINT = "fingerprint"  # a join with another model
+
+
+class EvictKind(enum.StrEnum):
+    """Why the leader stopped counting a learner's incarnation (:class:`Evict`)."""
+
+    LEFT = "left"  # it said so (``Leave``)
+    RESTARTED = "restarted"  # a newer incarnation joined
+    SILENT = "silent"  # missed heartbeats
+
+
+class UnusedKind(enum.StrEnum):
+    """Why a push that entered a round was not used (:class:`Unused`)."""
+
+    STALE = "stale"
+    NONFINITE = "nonfinite"
 
 # ------------------------------------------------------------------------------- base
 
@@ -110,10 +139,13 @@ class PushRequested(Event):
 
 @dataclasses.dataclass(frozen=True)
 class TransferDone(Event):
-    """The learner finished streaming its round's shards to the followers."""
+    """The learner finished streaming its round's shards to the followers (``incarnation``:
+    of the process that pushed; a dead incarnation's late word is not about the member's
+    push)."""
 
     learner: int
     round_id: int
+    incarnation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,19 +330,23 @@ class GrantChunk(Action):
 @dataclasses.dataclass(frozen=True)
 class Evict(Action):
     """The leader no longer counts ``incarnation`` of ``learner`` (a newer incarnation of
-    the same learner ignores it)."""
+    the same learner ignores it); ``kind`` is an :class:`EvictKind`."""
 
     learner: int
     reason: str
     incarnation: int = 0
+    kind: str = EvictKind.SILENT
 
 
 @dataclasses.dataclass(frozen=True)
 class Refuse(Action):
-    """A push the leader does not take (its tokens are counted as dropped)."""
+    """A request the leader does not take (a refused push's tokens are counted as dropped);
+    ``kind`` is a :class:`RefuseKind`, ``incarnation`` that of the refused request."""
 
     learner: int
     reason: str
+    kind: str = RefuseKind.INVALID
+    incarnation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,6 +375,89 @@ class Unused(Action):
 
 @dataclasses.dataclass(frozen=True)
 class Stop(Action):
+    reason: str
+
+
+# --------------------------------------------------------------- agents' commands
+#
+# What the learner's and the follower's protocol cores (:mod:`dipsjax.syncer.learner`,
+# :meth:`dipsjax.syncer.follower.Follower.handle`) tell their drivers to do. Plain data,
+# like the leader's actions; a driver carries them out in order and reports back.
+
+
+class ExitCode(enum.IntEnum):
+    """How a learner or follower process ends (what its launcher does next)."""
+
+    OK = 0  # the job stopped: nothing to restart
+    UNREACHABLE = 69  # EX_UNAVAILABLE: its link is down; start a new incarnation
+    EVICTED = 75  # EX_TEMPFAIL: the leader no longer counts it; start a new incarnation
+    REFUSED = 78  # EX_CONFIG: the same process would be refused again
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """Something a learner's or follower's driver must do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Send(Command):
+    """Send ``event`` to the leader (control plane)."""
+
+    event: Event
+
+
+@dataclasses.dataclass(frozen=True)
+class Train(Command):
+    """Train one round of ``H`` inner steps from the learner's current state, then report
+    :meth:`~dipsjax.syncer.learner.LearnerProtocol.on_trained`. With ``adopt`` (overlap),
+    first start from the newest version pulled, if it is newer than the one held."""
+
+    adopt: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Push(Command):
+    """Stream the round's shards by ``plan`` (the leader's :class:`PushShards`), then report
+    :meth:`~dipsjax.syncer.learner.LearnerProtocol.on_pushed`."""
+
+    plan: PushShards
+
+
+@dataclasses.dataclass(frozen=True)
+class Pull(Command):
+    """Pull one complete model of ``version`` and take it (``first``: the first model of
+    this incarnation, its inner state reset; ``background``: overlap, kept for the next
+    round start), then report :meth:`~dipsjax.syncer.learner.LearnerProtocol.on_pulled`."""
+
+    version: int
+    first: bool = False
+    background: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Save(Command):
+    """Checkpoint: a learner's inner state (``kind`` ``start`` or ``pushed``, of
+    ``round_id``), or a follower's shard at ``version`` (``kind`` ``version``)."""
+
+    kind: str
+    round_id: int = -1
+    version: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Restore(Command):
+    """Restore the learner's checkpoint ``step`` (``None``: none, start afresh) and first
+    train the chunks still leased to it, in this order (``regrant``)."""
+
+    step: int | None
+    regrant: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Exit(Command):
+    """End the process with ``code`` (an :class:`ExitCode`), saying ``reason``."""
+
+    code: int
     reason: str
 
 

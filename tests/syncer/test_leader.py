@@ -145,7 +145,7 @@ def test_missed_heartbeats_evict_without_stopping_others():
     for t in (10.0, 20.0, 30.0):
         assert leader.handle(L.Heartbeat(t, 0)) == []
     acts = leader.handle(L.Heartbeat(31.5, 0))
-    assert L.Evict(1, "missed heartbeats") in acts
+    assert L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT) in acts
     assert leader.active_members() == [0]
     # Its pending push was dropped, and the ledger says so.
     assert totals(leader) == {
@@ -254,7 +254,7 @@ def test_token_budget_stops_after_the_round():
     leader.handle(push(0.0, 1, 20, 1, 0))
     _, _, _, after = finish_round(leader, 1.0)
     assert after == [L.Stop("token budget 25 reached")]
-    assert leader.handle(push(2.0, 0, 1, 1, 1)) == [L.Refuse(0, "the job has stopped")]
+    assert leader.handle(push(2.0, 0, 1, 1, 1)) == [L.Refuse(0, "the job has stopped", L.RefuseKind.STOPPED)]
 
 
 def test_duplicate_reports_are_ignored():
@@ -374,7 +374,7 @@ def test_a_restart_before_eviction_ends_the_old_incarnation_and_pulls_a_model():
     leader.handle(push(1.0, 1, 20, 1, 0))  # learner 1's shards are on their way...
     leader.handle(L.TransferDone(1.5, 0, 0))
     acts = leader.handle(L.Join(2.0, 1, incarnation=1))  # ...when it restarts
-    assert L.SendModel(1, 0) in acts and L.Evict(1, "restarted") in acts
+    assert L.SendModel(1, 0) in acts and L.Evict(1, "restarted", 0, L.EvictKind.RESTARTED) in acts
     # Its in-flight push is dropped and counted; the round goes on without it.
     assert [p.learner for p in leader.round.pushes] == [0]
     assert kinds(acts)[-1] == "RequestNorms"
@@ -799,7 +799,7 @@ def test_a_resumed_leader_gives_its_members_time_to_restart_before_heartbeats_co
     back.handle(L.Join(116.0, 0, resume=True))  # learner 0 is back; learner 1 never is
     back.handle(L.Heartbeat(121.0, 0))
     acts = back.handle(L.Tick(123.5))
-    assert acts == [L.Evict(1, "missed heartbeats")] and sorted(back.members) == [0]
+    assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)] and sorted(back.members) == [0]
 
 
 def test_resume_ends_a_round_every_follower_applied():

@@ -77,14 +77,16 @@ class PushRequested(_message.Message):
     def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., meta: _Optional[_Union[PushMeta, _Mapping]] = ...) -> None: ...
 
 class TransferDone(_message.Message):
-    __slots__ = ("t", "learner", "round_id")
+    __slots__ = ("t", "learner", "round_id", "incarnation")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     round_id: int
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., round_id: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., round_id: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class PullDone(_message.Message):
     __slots__ = ("t", "learner", "version", "rounds")
@@ -291,22 +293,28 @@ class GrantChunk(_message.Message):
     def __init__(self, learner: _Optional[int] = ..., chunk: _Optional[int] = ...) -> None: ...
 
 class Evict(_message.Message):
-    __slots__ = ("learner", "reason", "incarnation")
+    __slots__ = ("learner", "reason", "incarnation", "kind")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     learner: int
     reason: str
     incarnation: int
-    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    kind: str
+    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ..., incarnation: _Optional[int] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Refuse(_message.Message):
-    __slots__ = ("learner", "reason")
+    __slots__ = ("learner", "reason", "kind", "incarnation")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     learner: int
     reason: str
-    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    kind: str
+    incarnation: int
+    def __init__(self, learner: _Optional[int] = ..., reason: _Optional[str] = ..., kind: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class Unused(_message.Message):
     __slots__ = ("learner", "round_id", "kind", "reason", "incarnation")

@@ -56,6 +56,7 @@ class UnusedKind(enum.StrEnum):
     STALE = "stale"
     NONFINITE = "nonfinite"
 
+
 # ------------------------------------------------------------------------------- base
 
 

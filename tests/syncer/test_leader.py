@@ -254,7 +254,9 @@ def test_token_budget_stops_after_the_round():
     leader.handle(push(0.0, 1, 20, 1, 0))
     _, _, _, after = finish_round(leader, 1.0)
     assert after == [L.Stop("token budget 25 reached")]
-    assert leader.handle(push(2.0, 0, 1, 1, 1)) == [L.Refuse(0, "the job has stopped", L.RefuseKind.STOPPED)]
+    assert leader.handle(push(2.0, 0, 1, 1, 1)) == [
+        L.Refuse(0, "the job has stopped", L.RefuseKind.STOPPED)
+    ]
 
 
 def test_duplicate_reports_are_ignored():
@@ -799,7 +801,9 @@ def test_a_resumed_leader_gives_its_members_time_to_restart_before_heartbeats_co
     back.handle(L.Join(116.0, 0, resume=True))  # learner 0 is back; learner 1 never is
     back.handle(L.Heartbeat(121.0, 0))
     acts = back.handle(L.Tick(123.5))
-    assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)] and sorted(back.members) == [0]
+    assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)] and sorted(
+        back.members
+    ) == [0]
 
 
 def test_resume_ends_a_round_every_follower_applied():

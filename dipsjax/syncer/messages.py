@@ -213,6 +213,9 @@ class FollowerJoined(Event):
     version: int
     oldest: int = -1
     address: str = ""  # its data plane's ``host:port`` (empty: the one in the job's spec)
+    # Decided rounds whose inputs (batch and Decide) it still holds, so it can apply them
+    # if told again: a round the leader was applying when the follower lost it.
+    rounds: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

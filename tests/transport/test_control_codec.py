@@ -53,7 +53,7 @@ EXAMPLES = [
     m.FollowerNorms(NAN, follower=2, round_id=9, sq_norms=(NEG_NAN,)),
     m.FollowerMerged(8.5, follower=2, round_id=9, merged_sq_norm=3.25),
     m.FollowerApplied(9.0, follower=3, round_id=9, version=10),
-    m.FollowerJoined(9.5, follower=4, version=10, oldest=7, address="10.0.0.4:7003"),
+    m.FollowerJoined(9.5, follower=4, version=10, oldest=7, address="10.0.0.4:7003", rounds=(3, 4)),
     m.FollowerLost(10.0, follower=5, reason="timeout"),
     m.FollowerHeartbeat(10.5, follower=3),
     m.SendModel(learner=11, version=12, leases=(4, 0, 9), last_round=3, last_outcome="dropped"),

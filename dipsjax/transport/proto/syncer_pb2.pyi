@@ -155,18 +155,20 @@ class FollowerApplied(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., round_id: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class FollowerJoined(_message.Message):
-    __slots__ = ("t", "follower", "version", "oldest", "address")
+    __slots__ = ("t", "follower", "version", "oldest", "address", "rounds")
     T_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OLDEST_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     t: float
     follower: int
     version: int
     oldest: int
     address: str
-    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., version: _Optional[int] = ..., oldest: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+    rounds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ..., version: _Optional[int] = ..., oldest: _Optional[int] = ..., address: _Optional[str] = ..., rounds: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FollowerLost(_message.Message):
     __slots__ = ("t", "follower", "reason")

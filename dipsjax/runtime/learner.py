@@ -1,7 +1,13 @@
 """A learner process: one partition's JAX inner loop, pushing to and pulling from followers.
 
-The learner joins, pulls one complete model of one version from every follower (data
-plane), then loops: draw ``H`` batches (chunks leased from the leader), train, report
+Every protocol decision is :class:`~dipsjax.syncer.learner.LearnerProtocol`'s (the same
+object the simulator's learners run); this module only carries out its commands -- control
+calls, training rounds on the partition (:class:`~dipsjax.runtime.partition.Compute`),
+pushes and pulls on the data plane, orbax checkpoints -- and feeds back what came of them.
+The main thread owns the protocol; the watch stream, the heartbeats and (with ``overlap``)
+the background puller are threads that only put inputs on its queue.
+
+A round: draw ``H`` batches (chunks leased from the leader), train, report
 ``PushRequested``, stream its tensors to the followers in the order of the leader's
 ``PushShards`` plan, report ``TransferDone``, wait for ``NotifyPull`` and pull the new
 version (Di-PS: a round's learners pull, the others keep training). A per-learner slowdown
@@ -13,24 +19,27 @@ The learner's arithmetic is the simulator's (:mod:`dipsjax.sim.world`: the same 
 batches, pseudo-gradient and wire codec), so a run's tape replays through
 :func:`dipsjax.sim.replay.replay`.
 
-Checkpoints (orbax, asynchronous, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept): the
-inner AdamW state with the data position and counters, at every round start (``start``)
-and, when waiting, once its push is on the followers and before it is reported done
-(``pushed``). ``--resume`` restarts from the newest: the learner rejoins with the same
+Checkpoints (orbax, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept): the inner AdamW state
+with the data position and counters, at every round start (``start``) and, when waiting,
+once its push is on the followers, before it is reported done (``pushed``). ``--resume``
+restarts from the checkpoint the protocol picks: the learner rejoins with the same
 incarnation, learns from the leader how its last push ended (if the restart lost it, it
 goes back to that round's start and trains it again), pulls the current version, and first
 trains the chunks still leased to it (the leader lists them, in lease order) before it
-leases new ones, so its data continues exactly where it stopped. Its parameters are not
+leases new ones, so its data continues where it stopped. Its parameters are not
 checkpointed: it resumes from the current global version (with ``overlap`` or
 ``adopt='delta'`` its own unmerged progress since its last push is not kept). SIGTERM
 exits cleanly at the next safe point, after the checkpoint writes in flight.
 
 Faults: a learner started with a higher ``--incarnation`` (the launcher's restart after a
 crash) begins afresh: the leader ends the old incarnation and this one pulls a whole
-version first. When the control stream breaks (the leader died and is restarted on its
-port), the learner rejoins the new leader as the same incarnation from its own checkpoints,
-as ``--resume`` does, in its own process. Transfers to and from a follower that died are
-tried again until it is back on its port.
+version first. When the control plane fails (the watch stream breaks, or a call does: the
+leader died and is restarted on its port), the protocol rejoins the leader as the same
+incarnation from its own checkpoints on a new stream, as ``--resume`` does, in its own
+process; past 120 s without a leader it exits 69. Transfers to and from a follower that
+died are tried again until it is back on its port. Exit codes: 75 evicted (start a new
+incarnation), 69 link down or leader gone, 78 refused (the same process would be refused
+again), 0 the job stopped.
 
 Run: ``python -m dipsjax.runtime.learner RUN_DIR/spec.json J [--incarnation N] [--resume]``.
 """
@@ -67,44 +76,20 @@ from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
 from dipsjax.sim.world import push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
+from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
-
-class Stopped(Exception):
-    """The leader stopped the job (or evicted this learner for good)."""
-
-
-class Evicted(Stopped):
-    """The leader no longer counts this incarnation (it was silent too long: a hang, a
-    cut link). The process exits with :data:`EVICTED` and the launcher starts a new
-    incarnation, which pulls a whole version and carries on."""
-
-
-EVICTED = 75  # exit code (EX_TEMPFAIL): start me again as a new incarnation
-
-
-class Unreachable(Stopped):
-    """A push did not go through within ``RunSpec.transfer_patience`` to followers the
-    leader still hears from: this learner's link is down. The process exits with
-    :data:`UNREACHABLE`; the launcher starts a new incarnation, and the leader drops the
-    push it could not finish (the round goes on without it)."""
-
-
-UNREACHABLE = 69  # exit code (EX_UNAVAILABLE)
-
-
-class JoinRefused(RuntimeError):
-    """The leader will not take this learner (another model fingerprint, or an
-    incarnation older than one it knows): the process exits with :data:`REFUSED`."""
-
-
+EVICTED = m.ExitCode.EVICTED  # exit code (EX_TEMPFAIL): start me again as a new incarnation
+UNREACHABLE = m.ExitCode.UNREACHABLE  # exit code (EX_UNAVAILABLE): my link is down
 REFUSED = REFUSED_EXIT  # exit code (EX_CONFIG): the same process would be refused again
+assert REFUSED == m.ExitCode.REFUSED
 
 
 class LeaderLost(Exception):
-    """The control stream broke: the leader died (the launcher restarts it on its port)."""
+    """The control plane failed (the watch stream broke, or a call did): the leader died
+    and is restarted on its port, or the connection did."""
 
-    def __init__(self, why: str, generation: int = -1) -> None:
+    def __init__(self, why: str, generation: int) -> None:
         super().__init__(why)
         self.generation = generation
 
@@ -191,10 +176,16 @@ class LearnerNode:
         if incarnation > 0 and not resume and ckpt_dir.exists():
             shutil.rmtree(ckpt_dir)  # a dead incarnation's state: this one starts afresh
         self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
-        self.saved_round = -1  # the round whose start was checkpointed
+        # The protocol: every decision of this learner's side (syncer/learner.py).
+        self.proto = LearnerProtocol(
+            j,
+            incarnation,
+            fingerprint=self.fingerprint,
+            overlap=bool(cfg.overlap),
+            checkpoints=spec.checkpoints,
+            saved=self._saved() if resume else (),
+        )
         self.terminating = False  # SIGTERM: stop at the next safe point
-        # Pushes the leader said it did not use, by kind (``Unused``: stale, nonfinite).
-        self.unused: collections.Counter[str] = collections.Counter()
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
@@ -214,18 +205,20 @@ class LearnerNode:
         )
         self.pushes = 0  # pushes started by this process
         self.armed: LinkCut | None = None  # fault injection: a cut armed for this push
-        self.actions: queue.Queue = queue.Queue()
+        # The main thread owns the protocol; every other thread only puts inputs here:
+        # ("action", Action, stream), ("lost", LeaderLost), ("pulled", version, params).
+        self.inputs: queue.Queue = queue.Queue()
         self.moving = threading.Lock()
-        self.notices: queue.Queue = queue.Queue()  # overlap: pull notices, pulled at once
+        self.notices: queue.Queue = queue.Queue()  # overlap: versions to pull, in the background
         self.latest: tuple[int, Any] | None = None  # overlap: the newest version pulled
-        self.fresh = threading.Event()  # overlap: the in-flight push's version arrived
-        self.fresh.set()
+        self.delta: Any = None  # the trained round's pseudo-gradient, until pushed
         self.base: Any = None
         self.stop = threading.Event()
         self.pulled = True  # the next push is the first since a pull
         self.exit_code = 0
-        self.generation = 0  # of the watch stream: a LeaderLost of an older one is stale
-        self.rounds = 0
+        self.generation = 0  # the control stream the protocol takes actions from
+        self.lost_since: float | None = None  # the leader unreachable since (monotonic)
+        self.patience = 120.0  # seconds to wait for a lost leader to come back
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
         # Tokens of every push the leader took (its reply came back), across restarts: the
         # learner's side of the token balance. Never rolled back with a checkpoint.
@@ -239,6 +232,23 @@ class LearnerNode:
 
     # -- control ---------------------------------------------------------------------
 
+    @property
+    def rounds(self) -> int:
+        return self.proto.rounds
+
+    @property
+    def unused(self) -> collections.Counter[str]:
+        """Pushes the leader said it did not use, by kind (``Unused``: stale, nonfinite)."""
+        return self.proto.unused
+
+    def _saved(self) -> list[Checkpoint]:
+        """The checkpoints on disk, for the protocol's choice of which to restore."""
+        return [
+            Checkpoint(step, meta["kind"], meta["round_id"])
+            for step in self.ckpt.steps()
+            for meta in [self.ckpt.meta(step)]
+        ]
+
     def next_chunk(self) -> int | None:
         return self.regrant.pop(0) if self.regrant else self.lease()
 
@@ -251,85 +261,189 @@ class LearnerNode:
     def _watch(self, generation: int) -> None:
         try:
             for a in self.control.watch(self.incarnation):
-                if isinstance(a, m.Unused):  # word about a push already decided: no wait
-                    if a.incarnation != self.incarnation:
-                        continue  # about an older incarnation's push
-                    self.unused[a.kind] += 1
-                    print(
-                        f"learner {self.j}: push of round {a.round_id} not used "
-                        f"({a.kind}): {a.reason}",
-                        flush=True,
-                    )
-                    continue
-                if self.spec.sim.overlap and isinstance(a, m.NotifyPull):
-                    self.notices.put(a)
-                    continue
-                self.actions.put(a)
+                self.inputs.put(("action", a, generation))
                 if isinstance(a, m.Stop):
                     return
         except Exception as e:  # the leader went away: the main loop rejoins
-            self.actions.put(LeaderLost(f"watch ended: {e}", generation))
+            self.inputs.put(("lost", LeaderLost(f"watch ended: {e}", generation)))
 
     def start_watch(self) -> None:
-        """A new watch stream (the first, or after the leader came back); errors of older
-        streams are then ignored."""
-        self.generation += 1
+        """A watch stream for the protocol's current control stream."""
         threading.Thread(target=self._watch, args=(self.generation,), daemon=True).start()
-
-    def _raise_if(self, a: Any) -> None:
-        if isinstance(a, LeaderLost) and a.generation >= self.generation:
-            raise a
-        if isinstance(a, Exception) and not isinstance(a, LeaderLost):
-            raise LeaderLost(f"{type(a).__name__}: {a}")
-        if isinstance(a, m.Stop):
-            raise Stopped(a.reason)
-        if isinstance(a, m.Evict) and a.incarnation == self.incarnation:
-            raise Evicted(a.reason)  # (an older incarnation's eviction is not about this one)
 
     def _heartbeats(self) -> None:
         while not self.stop.wait(self.spec.heartbeat_interval):
             with contextlib.suppress(Exception):  # a missed beat is the leader's to judge
                 self.control.call(m.Heartbeat(0.0, self.j), timeout=5.0)
 
-    def check_stopped(self) -> None:
-        """Raises :class:`Stopped` if the leader stopped the job (without blocking)."""
-        with self.actions.mutex:
-            pending = list(self.actions.queue)
-        if self.terminating:
-            raise Stopped("SIGTERM")
-        for a in pending:
-            self._raise_if(a)
-
-    def wait_for(self, *kinds: type) -> m.Action:
-        while True:
-            if self.terminating:
-                raise Stopped("SIGTERM")
-            try:
-                a = self.actions.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            self._raise_if(a)
-            if isinstance(a, kinds):
-                return a
-
-    # -- data ------------------------------------------------------------------------
-
     def _puller(self) -> None:
-        """Overlap: pull each notified version at once (the round ends when its learners have
-        pulled) and keep it for the next round start."""
+        """Overlap: pull each version the protocol asks for in the background (the round
+        ends when its learners have pulled) and hand it to the main thread."""
         while not self.stop.is_set():
             try:
-                a = self.notices.get(timeout=0.5)
+                version = self.notices.get(timeout=0.5)
             except queue.Empty:
                 continue
             try:
-                v, params = self.pull(a.version, self.pull_data)
-                self.control.call(m.PullDone(0.0, self.j, v))
-            except Exception as e:  # the leader died (the main loop rejoins): go on
-                self.actions.put(e)
+                v, params = self.pull(version, self.pull_data)
+            except Exception as e:  # a follower is away past patience: the round goes on
+                print(f"learner {self.j}: background pull failed ({e})", flush=True)
                 continue
-            self.latest = (v, params)
-            self.fresh.set()
+            self.inputs.put(("pulled", v, params))
+
+    # -- the protocol's commands ---------------------------------------------------------
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def execute(self, commands: list[m.Command]) -> None:
+        """Carries out the protocol's commands in order; what comes of each goes back to
+        the protocol, whose new commands come first."""
+        todo = collections.deque(commands)
+        while todo:
+            c = todo.popleft()
+            more = self._one(c)
+            todo.extendleft(reversed(more))
+
+    def _one(self, c: m.Command) -> list[m.Command]:
+        if isinstance(c, m.Send):
+            return self._send(c.event)
+        if isinstance(c, m.Train):
+            return self._train(c)
+        if isinstance(c, m.Push):
+            return self._push(c.plan)
+        if isinstance(c, m.Pull):
+            return self._pull(c)
+        if isinstance(c, m.Save):
+            self.save(c)
+            return []
+        if isinstance(c, m.Restore):
+            self.restore(c)
+            return []
+        if isinstance(c, m.Exit):
+            self.exit_code = int(c.code)
+            print(
+                f"learner {self.j}: exit {self.exit_code} ({c.reason}) after {self.rounds} rounds",
+                flush=True,
+            )
+            return []
+        raise TypeError(f"learner {self.j}: no way to carry out {c}")
+
+    def _send(self, event: m.Event) -> list[m.Command]:
+        try:
+            replies = self.control.call(event)
+        except grpc.RpcError as e:
+            return self._lost(LeaderLost(f"{type(event).__name__}: {e.code()}", self.generation))
+        self.lost_since = None
+        if isinstance(event, m.PushRequested):
+            self.reported += event.meta.tokens  # the leader has it (refused ones too)
+            self._write_reported()
+        out: list[m.Command] = []
+        for a in replies:  # a refused join is answered to its caller
+            out += self.proto.on_action(a, self.now(), self.generation)
+        return out
+
+    def _lost(self, e: LeaderLost) -> list[m.Command]:
+        """The control plane failed on stream ``e.generation``: the protocol decides
+        (rejoin on a new stream, or exit); past ``patience`` it gives up."""
+        if e.generation < self.generation:
+            return []  # an older stream's end: already handled
+        print(f"learner {self.j}: control plane lost ({e}); rejoining", flush=True)
+        now = self.now()
+        if self.lost_since is None:
+            self.lost_since = now
+        elif now - self.lost_since > self.patience:
+            return self.proto.on_gave_up(
+                now, f"the leader did not come back in {self.patience:.0f} s"
+            )
+        time.sleep(0.5)
+        out = self.proto.on_leader_lost(now, e.generation)
+        if self.proto.stream != self.generation:
+            self.generation = self.proto.stream
+            self.start_watch()
+            self.latest = None
+        return out
+
+    def _drain(self) -> None:
+        """Takes what the other threads said meanwhile (a Stop, an eviction, a pull
+        notice), before a long command."""
+        while True:
+            try:
+                item = self.inputs.get_nowait()
+            except queue.Empty:
+                return
+            self.execute(self._input(item))
+
+    def _train(self, c: m.Train) -> list[m.Command]:
+        if c.wait > 0:
+            time.sleep(c.wait)  # no chunk to lease now
+        self._drain()
+        if self.proto.state is not State.TRAINING or self.terminating:
+            return []  # what came meanwhile ended this round (a stop, an eviction, a rejoin)
+        latest = self.latest
+        if c.adopt and latest is not None and latest[0] > self.learner.version:
+            self.take(*latest)  # the newest version, at a round start
+            self.pulled = True
+        speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
+        try:
+            data = self.stream.take_round(self.spec.sim.inner_steps)
+        except grpc.RpcError as e:  # leasing a chunk failed: the leader is away
+            return self._lost(LeaderLost(f"ChunkRequested: {e.code()}", self.generation))
+        if not data.batches:
+            return self.proto.on_trained(None, self.now())
+        t0 = time.perf_counter()
+        contrib, self.delta = self.compute.call("round", data.batches, len(data.batches), self.base)
+        took = time.perf_counter() - t0
+        time.sleep((speed - 1.0) * took)
+        self._count(contrib.tokens, t0, took)
+        meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
+        self.pulled = False
+        done = self.learner.tokens_done
+        self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
+        self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
+        return self.proto.on_trained(meta, self.now())
+
+    def _push(self, plan: m.PushShards) -> list[m.Command]:
+        try:
+            self.push(plan, self.delta)
+        except TRANSFER_ERRORS as e:
+            print(f"learner {self.j}: push of round {plan.round_id} failed ({e})", flush=True)
+            replayed = getattr(e, "kind", None) == "replayed"
+            up = () if replayed else self._followers_up()
+            return self.proto.on_pushed(
+                plan.round_id, self.now(), failed=True, replayed=replayed, followers_up=up
+            )
+        return self.proto.on_pushed(plan.round_id, self.now())
+
+    def _pull(self, c: m.Pull) -> list[m.Command]:
+        if c.background:
+            self.notices.put(c.version)
+            return []
+        joining = c.first or self.proto.resume
+        if joining:
+            for k in range(len(self.data)):  # a follower may have been replaced meanwhile
+                with contextlib.suppress(Exception):
+                    self.find_follower(k)
+        v, params = self.pull(c.version)
+        self.take(v, params, c.first)
+        self.pulled = True
+        if joining:
+            for cl in self.data + self.pull_data:  # fault injection: the link was slow to join
+                if cl.rate is not None:
+                    cl.rate = None
+                    cl.close()  # the next transfer connects unthrottled
+        return self.proto.on_pulled(v, self.now())
+
+    def _input(self, item: tuple) -> list[m.Command]:
+        kind = item[0]
+        if kind == "action":
+            return self.proto.on_action(item[1], self.now(), item[2])
+        if kind == "lost":
+            return self._lost(item[1])
+        if kind == "pulled":
+            self.latest = (item[1], item[2])
+            return self.proto.on_pulled(item[1], self.now(), background=True)
+        raise TypeError(f"unknown input {kind!r}")
 
     def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
         """One complete model of one version, from every follower at once."""
@@ -429,11 +543,6 @@ class LearnerNode:
             )
             old.close()
 
-    def adopt(self, version: int, first: bool, rounds: int = -1) -> None:
-        v, params = self.pull(version)
-        self.take(v, params, first)
-        self.control.call(m.PullDone(0.0, self.j, v, rounds))
-
     def take(self, version: int, params: dict, first: bool = False) -> None:
         """Starts from a global version: its parameters (``replace``), or, with
         ``adopt='delta'``, the learner's own plus the global change since its last one."""
@@ -443,61 +552,53 @@ class LearnerNode:
 
     # -- checkpoints -------------------------------------------------------------------
 
-    def save(self, kind: str, round_id: int = -1) -> None:
-        """Checkpoints the inner state, data position and counters (asynchronously)."""
-        if not self.spec.checkpoints:
-            return
+    def save(self, c: m.Save) -> None:
+        """Checkpoints the inner state, data position and counters (``Save.step``)."""
         meta = {
-            "kind": kind,
+            "kind": c.kind,
             "rounds": self.rounds,
-            "round_id": round_id,
+            "round_id": c.round_id,
             "version": self.learner.version,
             "position": self.stream.position.to_dict(),
             "tokens": self.trained["tokens"],
         }
         state = self.compute.call("opt_state")  # on the host (gathered, if spread)
-        self.ckpt.save(2 * self.rounds + (kind == "pushed"), state, meta)
+        self.ckpt.save(c.step, state, meta)
 
-    def restore(self, send: m.SendModel) -> dict[str, Any]:
-        """Resumes from the newest checkpoint (or the round start before it, if the restart
-        lost the push it recorded); returns what it restored (``learner{j}/resumed.json``)."""
-        steps = self.ckpt.steps()
-        record: dict[str, Any] = {"version": send.version, "leases": list(send.leases)}
-        if not steps:  # stopped before its first round: start afresh, on its own leases
-            self.regrant = list(send.leases)
-            record.update(step=None, regrant=self.regrant)
-            return record
-        newest = self.ckpt.meta(steps[-1])
-        step = steps[-1]
-        lost = send.last_round == newest["round_id"] and send.last_outcome == "lost"
-        if newest["kind"] == "pushed" and lost:
-            step -= 1  # the restart lost that push, not its chunks: train that round again
-        state, meta = self.ckpt.restore(self.compute.call("opt_state"), step)
-        self.ckpt.drop_after(step)
-        self.compute.call("set_opt_state", state)
-        pos = StreamPosition.from_dict(meta["position"])
-        cfg = self.spec.sim
-        self.stream = BatchStream(
-            self.stream.chunks,
-            batch_size=cfg.batch_size,
-            seq_len=cfg.seq_len,
-            source=self.next_chunk,
-            position=pos,
-        )
-        self.regrant = [c for c in send.leases if c != pos.chunk]
-        self.rounds = meta["rounds"] + (meta["kind"] == "pushed")
-        self.saved_round = meta["rounds"] if meta["kind"] == "start" else -1
-        self.trained["tokens"] = meta["tokens"]
-        record.update(
-            step=step,
-            kind=meta["kind"],
-            rounds=self.rounds,
-            position=meta["position"],
-            regrant=list(self.regrant),
-            last_round=send.last_round,
-            last_outcome=send.last_outcome,
-        )
-        return record
+    def restore(self, c: m.Restore) -> None:
+        """Restores the checkpoint the protocol chose (``None``: none: start afresh on the
+        chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``."""
+        record: dict[str, Any] = {"step": c.step, "leases": list(c.regrant)}
+        if c.step is None:  # stopped before its first round: start afresh, on its leases
+            self.regrant = list(c.regrant)
+            record["regrant"] = self.regrant
+        else:
+            state, meta = self.ckpt.restore(self.compute.call("opt_state"), c.step)
+            self.ckpt.drop_after(c.step)
+            self.compute.call("set_opt_state", state)
+            pos = StreamPosition.from_dict(meta["position"])
+            cfg = self.spec.sim
+            self.stream = BatchStream(
+                self.stream.chunks,
+                batch_size=cfg.batch_size,
+                seq_len=cfg.seq_len,
+                source=self.next_chunk,
+                position=pos,
+            )
+            # The chunk it stopped in is read on from its position; the rest first.
+            self.regrant = [ch for ch in c.regrant if ch != pos.chunk]
+            self.trained["tokens"] = meta["tokens"]
+            record.update(
+                kind=meta["kind"],
+                rounds=self.rounds,
+                position=meta["position"],
+                regrant=list(self.regrant),
+            )
+        self.base = None
+        out = Path(self.spec.run_dir) / f"learner{self.j}"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "resumed.json").write_text(json.dumps(record))
+        print(f"learner {self.j}: resumed {record}", flush=True)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -564,7 +665,7 @@ class LearnerNode:
             took = time.perf_counter() - t0
             time.sleep((speed - 1.0) * took)
             self._count(contrib.tokens, t0, took)
-            self.rounds += 1
+            self.proto.rounds += 1  # (no protocol: counted for the stats)
         self.write_stats()
         self.tb.close()
 
@@ -603,23 +704,16 @@ class LearnerNode:
         if self.spec.sim.overlap:
             threading.Thread(target=self._puller, daemon=True).start()
         try:
-            self.join()
-            while True:
+            self.execute(self.proto.start(self.now(), resume=self.resume))
+            while self.proto.state is not State.EXITED:
+                if self.terminating:
+                    print(f"learner {self.j}: SIGTERM after {self.rounds} rounds", flush=True)
+                    break
                 try:
-                    self.train()
-                except (LeaderLost, grpc.RpcError) as e:
-                    self.rejoin(e)
-        except Evicted as e:
-            print(f"learner {self.j}: evicted ({e}) after {self.rounds} rounds", flush=True)
-            self.exit_code = EVICTED
-        except Unreachable as e:
-            print(f"learner {self.j}: unreachable ({e}) after {self.rounds} rounds", flush=True)
-            self.exit_code = UNREACHABLE
-        except JoinRefused as e:
-            print(f"learner {self.j}: the leader refused to let it join: {e}", flush=True)
-            self.exit_code = REFUSED
-        except Stopped as e:
-            print(f"learner {self.j}: stopped ({e}) after {self.rounds} rounds", flush=True)
+                    item = self.inputs.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self.execute(self._input(item))
         finally:
             self.write_stats()
             self.stop.set()
@@ -631,128 +725,6 @@ class LearnerNode:
             # if one of them is gone, which is why it comes after everything else).
             with contextlib.suppress(Exception):
                 self.compute.stop()
-
-    def join(self) -> None:
-        """Joins (or, resumed, rejoins from its checkpoints) and pulls the version sent."""
-        join = m.Join(0.0, self.j, self.incarnation, self.resume, self.fingerprint)
-        for reply in self.control.call(join):
-            if isinstance(reply, m.Refuse):
-                raise JoinRefused(reply.reason)
-        send = self.wait_for(m.SendModel)
-        for k in range(len(self.data)):  # a follower may have been replaced before we came
-            with contextlib.suppress(Exception):
-                self.find_follower(k)
-        if self.resume:
-            record = self.restore(send)
-            out = Path(self.spec.run_dir) / f"learner{self.j}"
-            (out / "resumed.json").write_text(json.dumps(record))
-            print(f"learner {self.j}: resumed {record}", flush=True)
-        kept = self.rounds if self.resume else -1  # rounds its restored state trained
-        self.adopt(send.version, first=not self.resume, rounds=kept)
-        for c in self.data + self.pull_data:  # fault injection: the link was slow to join
-            if c.rate is not None:
-                c.rate = None
-                c.close()  # the next transfer connects unthrottled
-        self.pulled = True
-
-    def rejoin(self, why: Exception, patience: float = 120.0) -> None:
-        """The leader died: wait for it to come back (the launcher restarts it on its port),
-        then rejoin as the same incarnation from this learner's own checkpoints, as
-        ``--resume`` does (the leader drops pushes it had not applied; the learner goes
-        back to that round's start). Without checkpoints it exits with code 75, and the
-        launcher restarts it as a new incarnation."""
-        print(f"learner {self.j}: control plane lost ({why}); rejoining", flush=True)
-        if not self.spec.checkpoints:
-            raise SystemExit(75)
-        deadline = time.monotonic() + patience
-        while True:
-            if self.terminating:
-                raise Stopped("SIGTERM")
-            with self.actions.mutex:  # what the dead leader said no longer holds...
-                said = list(self.actions.queue)
-                self.actions.queue.clear()
-            for a in said:  # ...unless it stopped the job before it went
-                if isinstance(a, m.Stop):
-                    raise Stopped(a.reason)
-            self.start_watch()
-            self.resume, self.base = True, None
-            try:
-                self.join()
-                self.fresh.set()  # no push of the old leader's is in flight any more
-                self.latest = None
-                record = {"rejoined": True, "why": str(why)[:200]}
-                print(f"learner {self.j}: rejoined {record}", flush=True)
-                return
-            except (LeaderLost, grpc.RpcError) as e:
-                if time.monotonic() > deadline:
-                    raise Stopped(f"the leader did not come back in {patience:.0f} s") from e
-                time.sleep(0.5)
-
-    def train(self) -> None:
-        """Rounds until the job stops: train, push, and (waiting) pull the new version."""
-        overlap = self.spec.sim.overlap
-        speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
-        while True:
-            latest = self.latest
-            if overlap and latest is not None and latest[0] > self.learner.version:
-                self.take(*latest)  # the newest version, at a round start
-                self.pulled = True
-            self.check_stopped()
-            if self.saved_round != self.rounds:
-                self.save("start")
-                self.saved_round = self.rounds
-            data = self.stream.take_round(self.spec.sim.inner_steps)
-            if not data.batches:
-                time.sleep(0.5)  # no chunk to lease now
-                continue
-            t0 = time.perf_counter()
-            contrib, delta = self.compute.call("round", data.batches, len(data.batches), self.base)
-            took = time.perf_counter() - t0
-            time.sleep((speed - 1.0) * took)
-            self._count(contrib.tokens, t0, took)
-            meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
-            self.pulled = False
-            done = self.learner.tokens_done
-            self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
-            self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
-            while overlap and not self.fresh.wait(0.5):  # one push in flight at a time
-                self.check_stopped()
-            self.control.call(m.PushRequested(0.0, self.j, meta))
-            self.reported += meta.tokens
-            self._write_reported()
-            a = self.wait_for(m.PushShards, m.Refuse, m.Evict)
-            if isinstance(a, m.Refuse) and a.reason == "the job has stopped":
-                raise Stopped(a.reason)
-            if isinstance(a, m.Evict) and a.incarnation != self.incarnation:
-                a = self.wait_for(m.PushShards, m.Refuse)  # an older incarnation's eviction
-            if not isinstance(a, m.PushShards):
-                raise Evicted(f"{type(a).__name__}: {a.reason}")
-            try:
-                self.push(a, delta)
-            except TRANSFER_ERRORS as e:
-                print(f"learner {self.j}: push of round {a.round_id} failed ({e})", flush=True)
-                # The round ended without it (a replacement follower refused the push as a
-                # replay), or a follower died and did not come back in time (the leader
-                # discards the round and asks its learners to pull): wait for the pull.
-                # Otherwise, with every follower of the plan up, the round would wait for
-                # this push forever: the link (or the push) is what fails.
-                over = getattr(e, "kind", None) == "replayed"
-                if not over and {tr.follower for tr in a.transfers} <= self._followers_up():
-                    # Leave at once (the round goes on without the push it could not
-                    # finish); the launcher starts a new incarnation on a new link.
-                    with contextlib.suppress(Exception):
-                        self.control.call(m.Leave(0.0, self.j))
-                    raise Unreachable(f"round {a.round_id}: followers up, link down") from e
-            else:
-                if overlap:
-                    self.fresh.clear()
-                self.control.call(m.TransferDone(0.0, self.j, a.round_id))
-                if not overlap:  # while the round runs: off its critical path
-                    self.save("pushed", a.round_id)
-            if not overlap:
-                self.adopt(self.wait_for(m.NotifyPull).version, first=False)
-                self.pulled = True
-            self.rounds += 1
 
 
 def serve_partition(spec: RunSpec, j: int) -> int:

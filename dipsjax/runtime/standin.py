@@ -22,6 +22,7 @@ Run by the launcher of a load test as ``python -m dipsjax.runtime.standin SPEC F
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -38,11 +39,8 @@ import numpy as np
 from dipsjax.runtime.client import ControlClient, in_parallel
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
+from dipsjax.syncer.learner import LearnerProtocol, State
 from dipsjax.transport.dataplane import DataPlaneClient
-
-
-class Done(Exception):
-    """The leader stopped the job."""
 
 
 class Recorder:
@@ -91,6 +89,7 @@ class StandIn:
             for a in spec.followers
         ]
         self.actions: queue.Queue = queue.Queue()
+        self.proto = LearnerProtocol(j, fingerprint=spec.fingerprint)
         rng = np.random.default_rng(1000 + j)
         largest = max(int(np.prod(s)) for s in shapes)
         self.block = (rng.standard_normal(largest, np.float32) * 1e-3).astype(ml_dtypes.bfloat16)
@@ -115,22 +114,9 @@ class StandIn:
     def _watch(self) -> None:
         try:
             for a in self.control.watch():
-                if isinstance(a, m.Unused):
-                    self.stats["unused"][a.kind] = self.stats["unused"].get(a.kind, 0) + 1
-                    continue
                 self.actions.put(a)
         except Exception as e:  # the stream broke: the main loop raises it
             self.actions.put(e)
-
-    def wait_for(self, *kinds: type) -> m.Action:
-        while True:
-            a = self.actions.get(timeout=600)
-            if isinstance(a, Exception):
-                raise a
-            if isinstance(a, m.Stop):
-                raise Done
-            if isinstance(a, kinds):
-                return a
 
     def pull(self, version: int) -> None:
         def one(k: int) -> None:
@@ -146,7 +132,6 @@ class StandIn:
         self.span[1] = time.time()
         self.version = version
         self.stats["pulls"] += 1
-        self.call(m.PullDone(0.0, self.j, version))
 
     def push(self, plan: m.PushShards) -> None:
         def one(k: int) -> None:
@@ -157,7 +142,8 @@ class StandIn:
             tensors = (
                 (i, block[: int(np.prod(self.shapes[i]))].reshape(self.shapes[i])) for i in layers
             )
-            self.clients[k].push(plan.round_id, self.j, 0, self.version, tensors, codec="bf16")
+            inc = self.proto.incarnation
+            self.clients[k].push(plan.round_id, self.j, inc, self.version, tensors, codec="bf16")
 
         self.span[0] = min(self.span[0], time.time())
         with self.rec.transfer():
@@ -165,30 +151,55 @@ class StandIn:
         self.span[1] = time.time()
         self.stats["pushes"] += 1
 
+    def _one(self, c: m.Command, train_seconds: float) -> list[m.Command]:
+        """Carries out one of the protocol's commands: real control calls and transfers,
+        a sleep for training."""
+        p = self.proto
+        if isinstance(c, m.Send):
+            if isinstance(c.event, m.PushRequested):
+                self.stats["reported"] += c.event.meta.tokens  # counted here, apart
+            out: list[m.Command] = []
+            for reply in self.call(c.event):
+                out += p.on_action(reply, time.monotonic())
+            return out
+        if isinstance(c, m.Train):
+            time.sleep(train_seconds + c.wait)
+            sim = self.spec.sim
+            tokens = sim.inner_steps * sim.batch_size * sim.seq_len
+            meta = m.PushMeta(tokens, sim.inner_steps, self.version, train_seconds=1.0)
+            return p.on_trained(meta, time.monotonic())
+        if isinstance(c, m.Push):
+            self.push(c.plan)
+            return p.on_pushed(c.plan.round_id, time.monotonic())
+        if isinstance(c, m.Pull):
+            self.pull(c.version)
+            return p.on_pulled(c.version, time.monotonic())
+        if isinstance(c, m.Exit):
+            if c.code == m.ExitCode.REFUSED:
+                raise RuntimeError(f"stand-in {self.j}: {c.reason}")
+            return []
+        raise TypeError(f"stand-in {self.j}: cannot carry out {c}")
+
     def run(self, train_seconds: float) -> None:
+        """The learner's protocol (:class:`~dipsjax.syncer.learner.LearnerProtocol`) with
+        fake training, until the leader stops the job."""
         threading.Thread(target=self._watch, daemon=True).start()
-        sim = self.spec.sim
-        tokens = sim.inner_steps * sim.batch_size * sim.seq_len
+        p = self.proto
+        todo = collections.deque(p.start(time.monotonic()))
         try:
-            for reply in self.call(m.Join(0.0, self.j, fingerprint=self.spec.fingerprint)):
-                if isinstance(reply, m.Refuse):
-                    raise RuntimeError(f"stand-in {self.j}: join refused: {reply.reason}")
-            self.pull(self.wait_for(m.SendModel).version)
             while True:
-                time.sleep(train_seconds)
-                meta = m.PushMeta(tokens, sim.inner_steps, self.version, train_seconds=1.0)
-                self.stats["reported"] += tokens  # counted here, apart from the leader
-                self.call(m.PushRequested(0.0, self.j, meta))
-                a = self.wait_for(m.PushShards, m.Refuse)
-                if isinstance(a, m.Refuse):
-                    self.stats["refused"] += 1
-                    continue
-                self.push(a)
-                self.call(m.TransferDone(0.0, self.j, a.round_id))
-                self.pull(self.wait_for(m.NotifyPull).version)
-        except Done:
-            pass
+                while todo:
+                    c = todo.popleft()
+                    todo.extendleft(reversed(self._one(c, train_seconds)))
+                if p.state is State.EXITED:
+                    break
+                a = self.actions.get(timeout=600)
+                if isinstance(a, Exception):
+                    raise a
+                todo.extend(p.on_action(a, time.monotonic()))
         finally:
+            self.stats["refused"] = sum(p.refused.values())
+            self.stats["unused"] = dict(p.unused)
             for c in self.clients:
                 c.close()
 

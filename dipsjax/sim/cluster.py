@@ -117,12 +117,20 @@ class LocalCluster:
     # -- the data plane --------------------------------------------------------------
 
     def push_shards(
-        self, action: m.PushShards, t: float, take_payload: Callable[[], dict | None]
+        self,
+        action: m.PushShards,
+        t: float,
+        take_payload: Callable[[], dict | None],
+        incarnation: int = 0,
+        delivered: Callable[[float], None] | None = None,
     ) -> None:
         """Runs a push by its plan; at the end the followers stage it and the leader hears.
 
         ``take_payload`` is asked at delivery time: ``None`` means the learner died on the
-        way, and nothing is delivered (no partial data enters a round).
+        way, and nothing is delivered (no partial data enters a round). Once delivered,
+        ``delivered(t)`` is called (the learner's protocol reports the transfer done), or,
+        without it, the cluster tells the leader itself (``TransferDone`` of
+        ``incarnation``).
         """
         j, w = action.learner, self.world
         free = t + w.cfg.latency
@@ -139,7 +147,10 @@ class LocalCluster:
                 return
             for f, part in zip(self.followers, w.split(payload), strict=True):
                 f.receive(action.round_id, j, part)
-            self.feed(m.TransferDone(t_end, j, action.round_id))
+            if delivered is not None:
+                delivered(t_end)
+            else:
+                self.feed(m.TransferDone(t_end, j, action.round_id, incarnation))
 
         self.clock.at(free, deliver, free)
 

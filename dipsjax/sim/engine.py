@@ -29,22 +29,26 @@ from dipsjax.sim.config import SimConfig, SimResult, TokenCount
 from dipsjax.sim.world import World, add_global_change, pseudo_gradient, push_meta, wire
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
+from dipsjax.syncer.learner import LearnerProtocol
 
 
 @dataclasses.dataclass
 class SimLearner:
+    """A simulated learner process: the deployed protocol (:class:`LearnerProtocol`) with
+    real training, charged virtual time."""
+
     j: int
     learner: Learner
     stream: BatchStream
+    proto: LearnerProtocol
     alive: bool = True
     incarnation: int = 0
-    pending: Any = None  # (PushMeta, payload): trained, waiting to push
+    pending: Any = None  # the trained round's payload, until its Push takes it
     outbox: Any = None  # the pushed round's payload, until its transfer lands
-    inflight: bool = False  # overlap: a push not yet answered by a pull notice
-    ready: bool = False  # overlap: a trained round waiting for the previous push
     latest: Any = None  # overlap: (version, params) of the newest pulled global model
     training: Any = None  # (start, duration, tokens) of the round in progress, until pushed
-    base: Any = None  # parameters of the version last pulled (the server reference's base)
+    base: Any = None  # parameters of the version last taken (the server reference's base)
+    pulled: bool = False  # the next round starts from a freshly taken version
     consumed: int = 0  # tokens of every batch drawn (learner-side count)
     lost: int = 0  # tokens of rounds a crash or leave destroyed before their push
     pushed_at: float | None = None
@@ -92,54 +96,94 @@ class Engine:
 
     def _new_learner(self, j: int, incarnation: int) -> SimLearner:
         source = lambda: self.cluster.lease(j)  # noqa: E731
-        return SimLearner(j, self.world.learner(j), self.world.stream(source), True, incarnation)
+        proto = LearnerProtocol(j, incarnation, overlap=self.overlap)
+        return SimLearner(
+            j, self.world.learner(j), self.world.stream(source), proto, True, incarnation
+        )
 
-    # -- learner behaviour -------------------------------------------------------------
+    # -- the learner's commands, carried out on the virtual clock ------------------------
 
-    def start_round(self, sl: SimLearner, t: float, adopt: Any = None, reset: bool = False) -> None:
-        if not sl.alive or self.stopped or sl.training is not None:
-            return  # dead, over, or a round already in progress
-        if adopt is not None:
-            params = adopt[1]
-            if self.cfg.adopt == "delta" and not reset and sl.base is not None:
-                params = add_global_change(sl.learner.params_dict(), adopt[1], sl.base)
-            sl.learner.pull(params, version=adopt[0], reset_optimizer=reset)
-            sl.base = adopt[1]
+    def carry_out(self, sl: SimLearner, commands: list[m.Command], t: float) -> None:
+        """Carries out a learner's protocol commands at virtual time ``t``, in order."""
+        for c in commands:
+            if not sl.alive or self.learners[sl.j] is not sl:
+                return  # the process is gone: nothing after its death happens
+            if isinstance(c, m.Send):
+                if isinstance(c.event, m.PushRequested):
+                    if self.stopped:
+                        continue  # the run is over: the round stays unpushed (counted)
+                    sl.training, sl.pushed_at = None, t
+                self.cluster.feed(c.event)
+            elif isinstance(c, m.Train):
+                self._train(sl, t, c)
+            elif isinstance(c, m.Push):
+                sl.outbox, sl.pending = sl.pending, None
+                inc = sl.incarnation
+                self.cluster.push_shards(
+                    c.plan,
+                    t,
+                    lambda j=sl.j, i=inc: self._take_payload(j, i),
+                    incarnation=inc,
+                    delivered=lambda t_end, sl=sl, r=c.plan.round_id: self._pushed(sl, r, t_end),
+                )
+            elif isinstance(c, m.Pull):
+                self._pull(sl, t, c)
+            elif isinstance(c, m.Exit):
+                if c.code in (m.ExitCode.EVICTED, m.ExitCode.UNREACHABLE):
+                    self._down(sl)  # the launcher starts a new incarnation
+                    self.clock.at(t, self._recover, sl.j)
+                elif c.code != m.ExitCode.OK:
+                    self._down(sl)
+            else:  # Save, Restore: the simulator's learners keep no checkpoints
+                raise TypeError(f"the simulator cannot carry out {c}")
+
+    def _train(self, sl: SimLearner, t: float, cmd: m.Train) -> None:
+        if self.stopped or cmd.wait > 0:
+            return  # over, or no chunk to lease now: this learner idles
+        if cmd.adopt and sl.latest is not None and sl.latest[0] > sl.learner.version:
+            self._take(sl, *sl.latest, first=False)
         data = sl.stream.take_round(self.cfg.inner_steps)
         batches = data.batches
         if not batches:
-            return  # no chunk to lease now: this learner idles
+            self.carry_out(sl, sl.proto.on_trained(None, t), t)
+            return
         drawn = data.tokens
         sl.consumed += drawn
         contrib = sl.learner.run_round(batches, num_steps=len(batches), reference="start")
         dt = self.world.train_time(sl.j, contrib.steps)
-        meta = push_meta(contrib, data, sl.incarnation, dt, pulled=adopt is not None)
+        meta = push_meta(contrib, data, sl.incarnation, dt, pulled=sl.pulled)
+        sl.pulled = False
         delta = pseudo_gradient(self.reference, contrib, sl.learner, sl.base)
-        sl.pending = (meta, wire(self.cfg, delta))
+        sl.pending = wire(self.cfg, delta)
         sl.training = (t, dt, drawn)
         self.phases["train"] += dt
-        self.clock.at(t + dt, self._trained, sl.j, sl.incarnation)
+        self.clock.at(t + dt, self._trained, sl, meta)
 
-    def _trained(self, j: int, incarnation: int) -> None:
-        sl = self.learners[j]
-        if not sl.alive or sl.incarnation != incarnation or sl.pending is None:
-            return
-        if self.overlap and sl.inflight:
-            sl.ready = True  # one push in flight at a time: wait for its pull notice
-            return
-        self.push(sl, self.clock.now)
+    def _trained(self, sl: SimLearner, meta: m.PushMeta) -> None:
+        if sl.alive and self.learners[sl.j] is sl:
+            t = self.clock.now
+            self.carry_out(sl, sl.proto.on_trained(meta, t), t)
 
-    def push(self, sl: SimLearner, t: float) -> None:
-        if self.stopped:
-            return  # the run is over: the round stays unpushed (counted as such)
-        meta, payload = sl.pending
-        sl.outbox, sl.pending, sl.training = payload, None, None
-        sl.pushed_at = t
-        self.cluster.feed(m.PushRequested(t, sl.j, meta))
-        if self.overlap and sl.alive and not self.stopped:
-            sl.inflight = True
-            newer = sl.latest if sl.latest and sl.latest[0] > sl.learner.version else None
-            self.start_round(sl, t, adopt=newer)
+    def _pushed(self, sl: SimLearner, round_id: int, t: float) -> None:
+        if sl.alive and self.learners[sl.j] is sl:
+            self.carry_out(sl, sl.proto.on_pushed(round_id, t), t)
+
+    def _take(self, sl: SimLearner, version: int, params: Any, first: bool) -> None:
+        """Starts from a global version: its parameters, or, with ``adopt='delta'``, the
+        learner's own plus the global change since its last one."""
+        own = params
+        if self.cfg.adopt == "delta" and not first and sl.base is not None:
+            own = add_global_change(sl.learner.params_dict(), params, sl.base)
+        sl.learner.pull(own, version=version, reset_optimizer=first)
+        sl.base = params
+        sl.pulled = True
+
+    def _pull(self, sl: SimLearner, t: float, cmd: m.Pull) -> None:
+        dt = self.world.pull_time(sl.j)
+        if not cmd.first:
+            self.pull_comm += dt
+            self.phases["pull"] += dt
+        self.clock.at(t + dt, self._pulled, sl, cmd)
 
     def _take_payload(self, j: int, incarnation: int) -> dict | None:
         sl = self.learners[j]
@@ -148,76 +192,49 @@ class Engine:
         payload, sl.outbox = sl.outbox, None
         return payload
 
-    def _pulled(self, j: int, incarnation: int, version: int, first: bool) -> None:
-        sl = self.learners[j]
-        if not sl.alive or sl.incarnation != incarnation:
+    def _pulled(self, sl: SimLearner, cmd: m.Pull) -> None:
+        if not sl.alive or self.learners[sl.j] is not sl:
             return
         t = self.clock.now
-        v, params = self.cluster.model(version)
+        v, params = self.cluster.model(cmd.version)
         if sl.pushed_at is not None:
             self.phases["wait"] += max(t - sl.pushed_at, 0.0)
             sl.pushed_at = None
-        self.cluster.feed(m.PullDone(t, j, v))
-        if self.overlap and not first:
-            sl.latest, sl.inflight = (v, params), False
-            if sl.ready:
-                sl.ready = False
-                self.push(sl, t)
+        if cmd.background:
+            sl.latest = (v, params)
         else:
-            self.start_round(sl, t, adopt=(v, params), reset=first)
+            self._take(sl, v, params, first=cmd.first)
+        self.carry_out(sl, sl.proto.on_pulled(v, t, background=cmd.background), t)
         if self.leader.next_round_id - 1 >= self.last_eval_round + self.cfg.eval_every:
             self.last_eval_round = self.leader.next_round_id - 1
             self.record(t)
 
     def on_action(self, a: m.Action, t: float) -> None:
-        """Learner-side actions from the leader."""
-        w = self.world
-        if isinstance(a, m.SendModel):
-            sl = self.learners[a.learner]
-            self.clock.at(
-                t + w.pull_time(a.learner), self._pulled, a.learner, sl.incarnation, a.version, True
-            )
-        elif isinstance(a, m.PushShards):
-            sl = self.learners[a.learner]
-            inc = sl.incarnation
-            self.cluster.push_shards(a, t, lambda j=a.learner, i=inc: self._take_payload(j, i))
-        elif isinstance(a, m.NotifyPull):
-            for j in a.learners:
-                sl = self.learners[j]
-                if sl.pushed_at is None:
-                    continue  # no push of this incarnation is waiting for this version
-                dt = w.pull_time(j)
-                self.pull_comm += dt
-                self.phases["pull"] += dt
-                self.clock.at(t + dt, self._pulled, j, sl.incarnation, a.version, False)
-        elif isinstance(a, m.Refuse):
-            sl = self.learners[a.learner]
-            if sl.alive and not self.stopped:
-                if a.learner in self.leader.members:
-                    self.start_round(sl, t)  # keep training from where it is
-                elif a.reason.startswith("not a member"):
-                    self.cluster.feed(m.Join(t, a.learner, sl.incarnation))
-        elif isinstance(a, m.Evict):
-            sl = self.learners[a.learner]
-            if sl.alive and a.reason not in ("restarted", "left"):
-                self._down(sl)  # alive but evicted: it restarts as a new incarnation
-                self.clock.at(t, self._recover, a.learner)
-        elif isinstance(a, m.Stop):
+        """Learner-side actions from the leader, to the learners' protocols."""
+        if isinstance(a, m.Stop):
             self.stopped = True
+        targets = a.learners if isinstance(a, m.NotifyPull) else (getattr(a, "learner", None),)
+        if isinstance(a, m.Stop):
+            targets = tuple(range(len(self.learners)))
+        for j in targets:
+            if j is None:
+                continue
+            sl = self.learners[j]
+            if sl.alive:
+                self.carry_out(sl, sl.proto.on_action(a, t), t)
 
     # -- scripted events -----------------------------------------------------------------
 
     def _join(self, j: int) -> None:
         sl = self.learners[j]
         sl.alive = True
-        self.cluster.feed(m.Join(self.clock.now, j, sl.incarnation))
+        self.carry_out(sl, sl.proto.start(self.clock.now), self.clock.now)
 
     def _down(self, sl: SimLearner) -> None:
         sl.alive = False
         if sl.training is not None:
             sl.lost += sl.training[2]
         sl.pending = sl.outbox = sl.latest = sl.training = None
-        sl.inflight = sl.ready = False
 
     def _fail(self, j: int) -> None:
         self._down(self.learners[j])
@@ -232,7 +249,7 @@ class Engine:
         sl = self._new_learner(j, old.incarnation + 1)  # a new process: fresh state
         sl.consumed, sl.lost = old.consumed, old.lost
         self.learners[j] = sl
-        self.cluster.feed(m.Join(self.clock.now, j, sl.incarnation))
+        self.carry_out(sl, sl.proto.start(self.clock.now), self.clock.now)
 
     def _heartbeats(self) -> None:
         t = self.clock.now

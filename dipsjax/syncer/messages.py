@@ -414,9 +414,11 @@ class Send(Command):
 class Train(Command):
     """Train one round of ``H`` inner steps from the learner's current state, then report
     :meth:`~dipsjax.syncer.learner.LearnerProtocol.on_trained`. With ``adopt`` (overlap),
-    first start from the newest version pulled, if it is newer than the one held."""
+    first start from the newest version pulled, if it is newer than the one held. With
+    ``wait`` > 0 no chunk could be leased: try again after that many seconds."""
 
     adopt: bool = False
+    wait: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,12 +442,14 @@ class Pull(Command):
 
 @dataclasses.dataclass(frozen=True)
 class Save(Command):
-    """Checkpoint: a learner's inner state (``kind`` ``start`` or ``pushed``, of
-    ``round_id``), or a follower's shard at ``version`` (``kind`` ``version``)."""
+    """Checkpoint: a learner's inner state as checkpoint ``step`` (``kind`` ``start``: at
+    a round's start, or ``pushed``: its push is on the followers, of ``round_id``), or a
+    follower's shard at ``version`` (``kind`` ``version``)."""
 
     kind: str
     round_id: int = -1
     version: int = -1
+    step: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

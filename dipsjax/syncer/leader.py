@@ -265,6 +265,10 @@ class Round:
     merged: dict[int, float] = dataclasses.field(default_factory=dict)
     done: list[int] = dataclasses.field(default_factory=list)  # followers that applied
     pulling: list[int] = dataclasses.field(default_factory=list)
+    # Learners that rejoined (``Join(resume=True)``, or all of them after a leader restart)
+    # while their push was with the followers: they pull through their ``SendModel``, not
+    # through this round's pull notice.
+    rejoined: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -373,6 +377,7 @@ class Leader:
             for p in rnd.pushes + rnd.dropped
             if p.learner in self.members
             and self.members[p.learner].incarnation == p.meta.incarnation
+            and p.learner not in rnd.rejoined
         ]
 
     def _membership(self, t: float, event: str, learner: int, **extra: Any) -> None:
@@ -734,20 +739,33 @@ class Leader:
         )
         rnd = self.round
         if rnd is not None and rnd.phase is Phase.APPLY:
-            if ev.version == self.version + 1:  # it applied the round before it was lost
+            target = self.version + 1
+            if ev.version == target:  # it applied the round before it was lost
                 return self._on_FollowerApplied(
                     FollowerApplied(ev.t, ev.follower, rnd.round_id, ev.version)
                 )
-            if ev.follower not in rnd.done:
-                # It lost the round's shards mid-apply while others applied it: the shards
-                # disagree on the version. Fail loudly; restore a consistent snapshot.
-                self.stopped = True
-                return [
-                    Stop(
-                        f"follower {ev.follower} came back at version {ev.version} while "
-                        f"round {rnd.round_id} was being applied as version {self.version + 1}"
-                    )
-                ]
+            if ev.version == self.version and rnd.round_id in ev.rounds:
+                # It still holds the round's inputs (batch and Decide): tell it again.
+                # Applying is idempotent: a follower already at the target says so again.
+                if ev.follower in rnd.done:
+                    rnd.done.remove(ev.follower)
+                assert rnd.clip_factor is not None and rnd.merged_sq_norm is not None
+                return [Apply(rnd.round_id, target, rnd.clip_factor, rnd.merged_sq_norm)]
+            # It lost the round's inputs mid-apply (others may have applied it): the shards
+            # would disagree on the version. Fail loudly (durable inputs would redo it).
+            self.stopped = True
+            if ev.version == self.version:
+                why = (
+                    f"follower {ev.follower} came back at version {ev.version} without the "
+                    f"inputs of round {rnd.round_id}, which is being applied as version "
+                    f"{target}: it cannot apply it"
+                )
+            else:
+                why = (
+                    f"follower {ev.follower} came back at version {ev.version} while round "
+                    f"{rnd.round_id} was being applied as version {target}"
+                )
+            return [Stop(why)]
         elif ev.version != self.version:
             # Outside an update every follower serves the leader's version; anything else
             # means checkpoints from different moments: stop rather than mix versions.
@@ -1042,11 +1060,15 @@ class Leader:
 
     def resume(self, t: float) -> list[Action]:
         """Continues a :meth:`restore`-d leader in a run whose processes all restarted from
-        their checkpoints (``--resume``). The followers' staged shards are gone, so every
-        push not applied yet is dropped (counted), its chunks left leased to its learner,
-        who resumes from the checkpoint before that push and trains them again (its
-        ``SendModel`` lists them); a round already applied by every follower ends. Every
-        follower must rejoin (at this version) and every learner must pull again before
+        their checkpoints (``--resume``, or the leader alone restarted). A round already
+        applied by every follower ends; a round the followers were applying (APPLY) is
+        kept: each follower rejoins at v + 1 (applied) or at v holding its inputs (told to
+        apply it again), and it ends once every follower applied it (its learners pull
+        through their ``SendModel``). Every other push not applied yet is dropped
+        (counted), its chunks left leased to its learner, who resumes from the checkpoint
+        before that push and trains them again (its ``SendModel`` lists them); a dropped
+        round that had reached the followers (NORMS, MERGE) is discarded (``Discard``) so
+        they prune it. Every follower must rejoin and every learner must pull again before
         the next round; learners that do not come back are evicted by heartbeats."""
         if self.stopped:
             return []
@@ -1060,8 +1082,25 @@ class Leader:
             rnd.pulling = []  # its learners pull through SendModel when they rejoin
             actions += self._end_round(t)
             rnd = None
+        kept = None
+        if rnd is not None and rnd.phase is Phase.APPLY:
+            # Followers were applying it: they come back at v + 1 (applied) or at v holding
+            # its inputs (told to apply it again); the round ends once every one applied.
+            kept, rnd = rnd, None
+            kept.done = []  # every follower must rejoin
+            kept.rejoined = sorted({p.learner for p in kept.pushes + kept.dropped})
+        elif rnd is not None and rnd.phase in (Phase.NORMS, Phase.MERGE):
+            # Its batch (and maybe its Decide) is with the followers: they prune it.
+            actions.append(Discard(rnd.round_id, "the leader restarted"))
         lost = [p for p in waiting + (rnd.pushes if rnd is not None else []) if p.outcome is None]
-        if lost or rnd is not None:
+        if kept is not None:
+            # Pushes that waited are lost (their learners train them again); the kept
+            # round's record holds them, after that learner's earlier push, for replay.
+            for p in lost:
+                self.tokens_taken -= p.tokens
+                self._settle(p, "dropped", release=False)
+            kept.dropped += lost
+        elif lost or rnd is not None:
             # One unapplied round on the tape holds every push lost (replay retrains them,
             # as the learners did before they stopped).
             if rnd is None:
@@ -1075,7 +1114,7 @@ class Leader:
             rnd.decision = None
             rnd.decided_version = self.version
             self.tape.append("round", **self.round_record(rnd, t).to_json())
-        self.round = None
+        self.round = kept
         for member in self.members.values():
             member.active = False
             member.last_seen = t + self.config.rejoin_grace  # time to restart and rejoin

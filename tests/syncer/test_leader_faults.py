@@ -1,0 +1,161 @@
+"""The leader core under faults at awkward moments (issue 17): a restart or a lost follower
+while a round is applied, learners rejoining mid-round, hung followers, evicted learners
+resuming, the budget after drops. Exact action lists, as in ``test_leader.py``."""
+
+import json
+
+from dipsjax.syncer import Leader, LeaderConfig, NoGrace
+from dipsjax.syncer import messages as L
+from tests.syncer.test_leader import join_all, push, totals
+
+
+def copy_of(leader, t):
+    """``leader`` snapshotted, restored and resumed at ``t`` (``--resume``); with what
+    :meth:`Leader.resume` returned."""
+    copy = Leader.restore(json.loads(json.dumps(leader.snapshot())), tape=leader.tape)
+    return copy, copy.resume(t)
+
+
+def to_phase(leader, phase, t=0.0):
+    """Drives a round of learners 0 and 1 (10 and 30 tokens, two followers) to ``phase``:
+    ``norms`` (RequestNorms sent), ``merge`` (Decide sent) or ``apply`` (Apply sent)."""
+    leader.handle(push(t, 0, 10, 1, leader.version))
+    leader.handle(push(t, 1, 30, 1, leader.version))
+    rnd = leader.round
+    for j in (0, 1):
+        leader.handle(L.TransferDone(t, j, rnd.round_id))
+    assert leader.phase.value == "norms"
+    if phase == "norms":
+        return rnd
+    for k in (0, 1):
+        leader.handle(L.FollowerNorms(t, k, rnd.round_id, (1.0, 1.0)))
+    if phase == "merge":
+        return rnd
+    for k in (0, 1):
+        leader.handle(L.FollowerMerged(t, k, rnd.round_id, 2.0))
+    assert leader.phase.value == "apply"
+    return rnd
+
+
+def two_followers(**cfg):
+    leader = Leader(LeaderConfig(penalty=False, num_followers=2, **cfg), NoGrace())
+    join_all(leader, 2)
+    for k in (0, 1):
+        leader.handle(L.FollowerJoined(0.0, k, 0))
+    return leader
+
+
+# -- item 1: a round the followers were applying ------------------------------------------
+
+
+def test_a_resumed_leader_finishes_the_round_its_followers_were_applying():
+    """The leader dies after ``Apply`` went out, follower 0 having applied it: the resumed
+    leader keeps the round (its pushes are not dropped), counts follower 0 back at v + 1 as
+    applied, tells follower 1 (back at v, still holding the round's inputs) to apply it
+    again, and ends the round once both did. Before, it dropped the round and stopped
+    ("follower 0 joined at version 1 but the leader is at version 0")."""
+    leader = two_followers()
+    rnd = to_phase(leader, "apply", 1.0)
+    assert leader.handle(L.FollowerApplied(1.5, 0, rnd.round_id, 1)) == []
+    copy, acts = copy_of(leader, 10.0)
+    assert acts == []  # nothing dropped, nothing discarded
+    assert copy.phase.value == "apply" and copy.round.done == [] and copy.version == 0
+    assert totals(copy)["outstanding"] == 40 and totals(copy)["dropped"] == 0
+    assert copy.handle(L.Join(10.5, 0, resume=True)) == [L.SendModel(0, 0, (), -1, "")]
+    assert copy.handle(L.FollowerJoined(11.0, 0, 1)) == []  # applied before the restart
+    (again,) = copy.handle(L.FollowerJoined(11.0, 1, 0, rounds=(rnd.round_id,)))
+    assert again == L.Apply(rnd.round_id, 1, 0.5, 4.0)
+    acts = copy.handle(L.FollowerApplied(12.0, 1, rnd.round_id, 1))
+    # Its learners pull through SendModel (they rejoin): the round ends at once.
+    assert acts == [L.NotifyPull(rnd.round_id, (), 1)]
+    assert copy.version == 1 and copy.round is None
+    assert totals(copy) == {
+        "reported": 40,
+        "applied": 40,
+        "rejected": 0,
+        "dropped": 0,
+        "outstanding": 0,
+    }
+    rec = copy.tape.round_records()[-1]
+    assert rec.round_id == rnd.round_id and rec.applied and rec.version == 1
+    assert copy.handle(L.Join(12.5, 1, resume=True)) == [
+        L.SendModel(1, 1, (), rnd.round_id, "applied")
+    ]
+    assert not copy.stopped
+
+
+def test_a_follower_without_the_rounds_inputs_stops_the_resumed_leader_with_a_reason():
+    leader = two_followers()
+    rnd = to_phase(leader, "apply", 1.0)
+    copy, _ = copy_of(leader, 10.0)
+    (stop,) = copy.handle(L.FollowerJoined(11.0, 1, 0, rounds=()))
+    assert stop == L.Stop(
+        f"follower 1 came back at version 0 without the inputs of round {rnd.round_id}, "
+        "which is being applied as version 1: it cannot apply it"
+    )
+    assert copy.stopped
+
+
+def test_a_follower_lost_during_apply_rejoins_and_is_told_to_apply_again():
+    """On a live leader: a follower whose stream broke during APPLY is marked down and
+    nothing is discarded (it may still hold the round's inputs); back at v with them, it
+    gets the round's ``Apply`` again; the round then ends as usual."""
+    leader = two_followers()
+    rnd = to_phase(leader, "apply", 1.0)
+    apply = L.Apply(rnd.round_id, 1, 0.5, 4.0)
+    assert leader.handle(L.FollowerApplied(1.5, 0, rnd.round_id, 1)) == []
+    assert leader.handle(L.FollowerLost(2.0, 1, "stream broke")) == []
+    assert leader.followers_up == {0: True, 1: False} and not leader.stopped
+    assert leader.phase.value == "apply" and totals(leader)["outstanding"] == 40
+    assert leader.handle(L.FollowerJoined(3.0, 1, 0, rounds=(rnd.round_id,))) == [apply]
+    assert leader.handle(L.FollowerApplied(3.5, 1, rnd.round_id, 1)) == [
+        L.NotifyPull(rnd.round_id, (0, 1), 1)
+    ]
+    leader.handle(L.PullDone(4.0, 0, 1))
+    leader.handle(L.PullDone(4.0, 1, 1))
+    assert leader.round is None and leader.version == 1 and totals(leader)["applied"] == 40
+
+
+def test_a_follower_already_applied_that_rejoins_at_v_plus_one_counts_as_applied():
+    leader = two_followers()
+    rnd = to_phase(leader, "apply", 1.0)
+    assert leader.handle(L.FollowerLost(2.0, 0, "stream broke")) == []
+    assert leader.handle(L.FollowerJoined(3.0, 0, 1)) == []
+    (notify,) = leader.handle(L.FollowerApplied(3.5, 1, rnd.round_id, 1))
+    assert notify == L.NotifyPull(rnd.round_id, (0, 1), 1) and leader.version == 1
+
+
+def test_resume_discards_a_round_that_had_reached_the_followers():
+    """A round dropped by the restart while in NORMS or MERGE: its followers hold its batch
+    (and maybe its Decide), so the resumed leader tells them to prune it (``Discard``)."""
+    for phase in ("norms", "merge"):
+        leader = two_followers()
+        rnd = to_phase(leader, phase, 1.0)
+        copy, acts = copy_of(leader, 10.0)
+        assert acts == [L.Discard(rnd.round_id, "the leader restarted")], phase
+        assert copy.round is None and totals(copy)["dropped"] == 40
+    leader = two_followers()
+    leader.handle(push(1.0, 0, 10, 1, 0))  # in transfers: no norms asked yet
+    copy, acts = copy_of(leader, 10.0)
+    assert acts == []
+
+
+def test_a_follower_that_cannot_serve_the_norms_says_lost_then_joined():
+    """A follower asked for norms it no longer holds (its stream broke and it dropped what
+    it staged) sends ``FollowerLost`` then ``FollowerJoined``: the round is discarded whole,
+    its learners pull the unchanged version, and the next round goes on."""
+    leader = two_followers()
+    rnd = to_phase(leader, "norms", 1.0)
+    leader.handle(L.FollowerNorms(1.5, 0, rnd.round_id, (1.0, 1.0)))
+    assert leader.handle(L.FollowerLost(2.0, 1, "lost its staged shards")) == [
+        L.Discard(rnd.round_id, "follower 1 lost"),
+        L.NotifyPull(rnd.round_id, (0, 1), 0),
+    ]
+    assert leader.handle(push(2.1, 0, 5, 1, 0)) == []  # learner 0 is still pulling
+    assert leader.handle(L.FollowerJoined(2.2, 1, 0)) == []
+    assert leader.handle(L.PullDone(2.3, 0, 0)) == []
+    assert leader.handle(L.PullDone(2.3, 1, 0)) == [
+        L.PushShards(rnd.round_id + 1, 0),
+        L.WakeAt(2.3),
+    ]
+    assert not leader.stopped and totals(leader)["dropped"] == 40

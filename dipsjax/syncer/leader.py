@@ -463,11 +463,27 @@ class Leader:
                 queue.remove(p)
                 self.tokens_taken -= p.tokens
                 self._settle(p, "dropped", release=False)
-        if self.round is not None and learner in self.round.pulling:
-            self.round.pulling.remove(learner)
+        rnd = self.round
+        with_followers = (Phase.NORMS, Phase.MERGE, Phase.APPLY)
+        if rnd is not None and rnd.phase in with_followers and learner not in rnd.rejoined:
+            rnd.rejoined.append(learner)  # the round's pull notice leaves it out
+        if rnd is not None and learner in rnd.pulling:
+            rnd.pulling.remove(learner)
         self.dealt.pop(learner, None)  # dealt chunks are among its leases now
+        # The chunks its push with the followers finished are not its to train again: they
+        # complete (or come back) when that push is settled.
+        held = {
+            c
+            for p in (self.round.pushes if self.round is not None else [])
+            if p.learner == learner and p.outcome is None
+            for c in p.meta.finished_chunks
+        }
         leases = (
-            tuple(lease.chunk for lease in chunks.leases_of(self.data, str(learner)))
+            tuple(
+                lease.chunk
+                for lease in chunks.leases_of(self.data, str(learner))
+                if lease.chunk not in held
+            )
             if self.data is not None
             else ()
         )

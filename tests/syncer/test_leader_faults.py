@@ -4,6 +4,8 @@ resuming, the budget after drops. Exact action lists, as in ``test_leader.py``."
 
 import json
 
+import pytest
+
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
 from dipsjax.syncer import messages as L
 from tests.syncer.test_leader import join_all, push, totals
@@ -159,3 +161,50 @@ def test_a_follower_that_cannot_serve_the_norms_says_lost_then_joined():
         L.WakeAt(2.3),
     ]
     assert not leader.stopped and totals(leader)["dropped"] == 40
+
+
+# -- item 3: a learner that rejoins while its push is with the followers ------------------
+
+
+@pytest.mark.parametrize("phase", ["norms", "merge", "apply"])
+def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_done_chunks(phase):
+    """Learner 0 resumes from its checkpoint (same incarnation) while its push is with the
+    followers: the push stays in the round (applied as usual); the learner pulls through
+    its ``SendModel``, which lists only the chunks that push did not finish (those complete
+    when the push is settled), and the round's pull notice leaves it out, so the round
+    ends without a ``PullDone`` it will never send for it. Before, it was put back in
+    ``pulling`` (the run deadlocked) and its finished chunk was leased to it again (its
+    data trained and applied twice)."""
+    from dipsjax.data import completed_chunks, leases_of, new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace(), data=new_ledger(20))
+    join_all(leader, 2)
+    for k in (0, 1):
+        leader.handle(L.FollowerJoined(0.0, k, 0))
+    c0, c1 = (leader.handle(L.ChunkRequested(0.0, 0))[0].chunk for _ in range(2))
+    leader.handle(push(1.0, 0, 10, 1, 0, finished_chunks=(c0,)))
+    leader.handle(push(1.0, 1, 30, 1, 0))
+    rnd = leader.round
+    for j in (0, 1):
+        leader.handle(L.TransferDone(1.0, j, rnd.round_id))
+    steps = [
+        [L.FollowerNorms(1.0, k, rnd.round_id, (1.0, 1.0)) for k in (0, 1)],
+        [L.FollowerMerged(1.0, k, rnd.round_id, 2.0) for k in (0, 1)],
+        [L.FollowerApplied(1.0, k, rnd.round_id, 1) for k in (0, 1)],
+    ]
+    at = ["norms", "merge", "apply"].index(phase)
+    for ev in [e for s in steps[:at] for e in s]:
+        leader.handle(ev)
+    assert leader.phase.value == phase
+    assert leader.handle(L.Join(2.0, 0, resume=True)) == [L.SendModel(0, 0, (c1,), -1, "")]
+    assert [lease.chunk for lease in leases_of(leader.data, "0")] == [c0, c1]  # c0: its push's
+    assert leader.handle(L.PullDone(2.5, 0, 0)) == []
+    acts = []
+    for ev in [e for s in steps[at:] for e in s]:
+        acts += leader.handle(ev)
+    assert [a for a in acts if isinstance(a, L.NotifyPull)] == [L.NotifyPull(rnd.round_id, (1,), 1)]
+    assert leader.handle(L.PullDone(3.0, 1, 1)) == []
+    assert leader.round is None and leader.version == 1
+    assert totals(leader)["applied"] == 40
+    assert c0 in completed_chunks(leader.data, 0)
+    assert [lease.chunk for lease in leases_of(leader.data, "0")] == [c1]

@@ -320,6 +320,9 @@ class Leader:
         # Followers found lost by their silence (not snapshotted): one that beats again is
         # told to join again (``Rejoin``).
         self.lost_by_silence: set[int] = set()
+        # Of those, the ones already asked to rejoin in this episode of being lost: one
+        # ``Rejoin`` each (a late second one would wipe the next round's staged shards).
+        self.rejoin_asked: set[int] = set()
         self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
@@ -525,8 +528,9 @@ class Leader:
 
     def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
         self._follower_seen(ev.follower, ev.t, heartbeat=True)
-        if ev.follower in self.lost_by_silence:
-            # Found lost while silent (a hang), beating again: it does not know.
+        if ev.follower in self.lost_by_silence and ev.follower not in self.rejoin_asked:
+            # Found lost while silent (a hang), beating again: it does not know. Asked once.
+            self.rejoin_asked.add(ev.follower)
             return [Rejoin(ev.follower, "found lost through missed heartbeats")]
         return []
 
@@ -726,6 +730,7 @@ class Leader:
         self._follower_seen(ev.follower, ev.t)
         self.follower_seen.pop(ev.follower, None)
         self.lost_by_silence.discard(ev.follower)  # (a restarted one says so: it knows)
+        self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = False
         self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
         rnd = self.round
@@ -743,6 +748,7 @@ class Leader:
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.lost_by_silence.discard(ev.follower)
+        self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = True
         if ev.address:
             self.follower_addresses[ev.follower] = ev.address

@@ -208,3 +208,34 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     assert totals(leader)["applied"] == 40
     assert c0 in completed_chunks(leader.data, 0)
     assert [lease.chunk for lease in leases_of(leader.data, "0")] == [c1]
+
+
+# -- item 5: one Rejoin per lost episode ----------------------------------------------------
+
+
+def test_a_hung_follower_gets_one_rejoin_per_lost_episode():
+    """A follower found lost by its silence that beats again is asked once to rejoin, not
+    at every heartbeat (a late second ``Rejoin`` wiped the next round's staged shards);
+    after it rejoined and is lost again, it is asked again."""
+    cfg = LeaderConfig(penalty=False, num_followers=2, heartbeat_interval=1.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 1)
+    for k in (0, 1):
+        leader.handle(L.FollowerJoined(0.0, k, 0))
+        leader.handle(L.FollowerHeartbeat(0.0, k))
+    for t in (2.0, 4.0):  # follower 1 hangs
+        leader.handle(L.FollowerHeartbeat(t, 0))
+        leader.handle(L.Heartbeat(t, 0))
+    assert leader.followers_up == {0: True, 1: False}
+    rejoin = L.Rejoin(1, "found lost through missed heartbeats")
+    assert leader.handle(L.FollowerHeartbeat(4.5, 1)) == [rejoin]
+    assert leader.handle(L.FollowerHeartbeat(5.5, 1)) == []
+    assert leader.handle(L.FollowerHeartbeat(6.5, 1)) == []
+    leader.handle(L.FollowerJoined(6.6, 1, 0))
+    assert leader.followers_up == {0: True, 1: True}
+    for t in (8.0, 10.0):  # it hangs again
+        leader.handle(L.FollowerHeartbeat(t, 0))
+        leader.handle(L.Heartbeat(t, 0))
+    assert leader.followers_up == {0: True, 1: False}
+    assert leader.handle(L.FollowerHeartbeat(10.5, 1)) == [rejoin]
+    assert leader.handle(L.FollowerHeartbeat(11.5, 1)) == []

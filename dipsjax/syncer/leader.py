@@ -436,6 +436,20 @@ class Leader:
             ]
         actions: list[Action] = []
         member = self.members.get(ev.learner)
+        if ev.resume and (member is None or member.incarnation != ev.incarnation):
+            # Back from a checkpoint of an incarnation that is no longer a member (evicted
+            # meanwhile): its leases went to others, so it must not resume; a new
+            # incarnation joins afresh.
+            self.refused["unknown"] += 1
+            return [
+                Refuse(
+                    ev.learner,
+                    f"incarnation {ev.incarnation} is not a member (evicted): start a new "
+                    "incarnation",
+                    RefuseKind.UNKNOWN,
+                    ev.incarnation,
+                )
+            ]
         if member is not None:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)

@@ -239,3 +239,46 @@ def test_a_hung_follower_gets_one_rejoin_per_lost_episode():
     assert leader.followers_up == {0: True, 1: False}
     assert leader.handle(L.FollowerHeartbeat(10.5, 1)) == [rejoin]
     assert leader.handle(L.FollowerHeartbeat(11.5, 1)) == []
+
+
+# -- item 8: an evicted learner resuming ----------------------------------------------------
+
+
+def test_an_evicted_learner_that_resumes_is_refused_and_starts_a_new_incarnation():
+    """A learner evicted (here: silent) that comes back from its checkpoint with
+    ``Join(resume=True)`` is no longer a member: it is refused (``unknown``), not taken as
+    a fresh join with no leases that trains a chunk re-leased to someone else; as a new
+    incarnation it joins as usual."""
+    from dipsjax.data import new_ledger
+
+    cfg = LeaderConfig(penalty=False, heartbeat_interval=1.0)
+    leader = Leader(cfg, NoGrace(), data=new_ledger(10))
+    join_all(leader, 2)
+    (grant,) = leader.handle(L.ChunkRequested(0.0, 1))
+    for t in (1.0, 2.0, 3.0):
+        leader.handle(L.Heartbeat(t, 0))
+    assert leader.handle(L.Heartbeat(3.5, 0)) == [
+        L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)
+    ]
+    assert leader.handle(L.ChunkRequested(3.6, 0)) == [L.GrantChunk(0, grant.chunk)]
+    assert leader.handle(L.Join(4.0, 1, resume=True)) == [
+        L.Refuse(
+            1,
+            "incarnation 0 is not a member (evicted): start a new incarnation",
+            L.RefuseKind.UNKNOWN,
+            0,
+        )
+    ]
+    assert sorted(leader.members) == [0] and leader.refused["unknown"] == 1
+    assert leader.handle(L.Join(5.0, 1, incarnation=1)) == [L.SendModel(1, 0)]
+
+
+def test_a_learner_resuming_after_a_whole_run_resume_is_still_a_member():
+    from dipsjax.data import new_ledger
+
+    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10))
+    join_all(leader, 1)
+    (grant,) = leader.handle(L.ChunkRequested(0.0, 0))
+    copy, _ = copy_of(leader, 5.0)
+    assert copy.handle(L.Join(6.0, 0, resume=True)) == [L.SendModel(0, 0, (grant.chunk,))]
+    assert copy.refused["unknown"] == 0

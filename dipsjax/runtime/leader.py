@@ -164,10 +164,18 @@ class LeaderNode:
 
     def watch(self, who: tuple[str, int]) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
-        for env in self.pending.pop(who, []):
+        pending = self.pending.pop(who, [])
+        for env in pending:
             q.put_nowait(env)
+        if self.leader.stopped and not any(e.WhichOneof("message") == "stop" for e in pending):
+            # The job has stopped (maybe before this process restarted): whoever watches
+            # now hears it at once.
+            q.put_nowait(codec.to_proto(self.final_stop()))
         self.queues[who] = q
         return q
+
+    def final_stop(self) -> m.Stop:
+        return m.Stop(self.leader.stop_reason or "the job has stopped")
 
     def unwatch(self, who: tuple[str, int], q: asyncio.Queue) -> None:
         """A watch stream ended: undelivered actions wait in ``pending`` for its next one."""
@@ -425,9 +433,16 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
             await asyncio.sleep(1.0)
             node._tick()
 
+    linger = 1.0  # let the watch streams deliver Stop
+    if node.leader.stopped:
+        # Restarted after it persisted the job's final Stop: nothing is left to do but tell
+        # whoever watches (they reconnect within a few heartbeats), then exit 0.
+        print(f"leader: the job had stopped ({node.final_stop().reason})", flush=True)
+        linger = max(2.0, 3 * spec.heartbeat_interval)
+        node.stopped.set()
     ticker = asyncio.create_task(ticks())
     await node.stopped.wait()
-    await asyncio.sleep(1.0)  # let the watch streams deliver Stop
+    await asyncio.sleep(linger)
     ticker.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ticker

@@ -328,6 +328,7 @@ class Leader:
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
         self.tape = EventTape()
         self.stopped = False
+        self.stop_reason = ""  # what the Stop said
         # Bad input by kind: pushes refused (unknown, inactive, incarnation, invalid,
         # pending, stopped), joins refused (incarnation, fingerprint), contributions
         # rejected for a non-finite norm (nonfinite) or dropped as too stale (stale).
@@ -382,6 +383,11 @@ class Leader:
             and self.members[p.learner].incarnation == p.meta.incarnation
             and p.learner not in rnd.rejoined
         ]
+
+    def _stop(self, reason: str) -> list[Action]:
+        """The job stops (for good: a stopped leader only refuses pushes), saying why."""
+        self.stopped, self.stop_reason = True, reason
+        return [Stop(reason)]
 
     def _membership(self, t: float, event: str, learner: int, **extra: Any) -> None:
         self.tape.append(
@@ -789,7 +795,6 @@ class Leader:
                 return [Apply(rnd.round_id, target, rnd.clip_factor, rnd.merged_sq_norm)]
             # It lost the round's inputs mid-apply (others may have applied it): the shards
             # would disagree on the version. Fail loudly (durable inputs would redo it).
-            self.stopped = True
             if ev.version == self.version:
                 why = (
                     f"follower {ev.follower} came back at version {ev.version} without the "
@@ -801,17 +806,14 @@ class Leader:
                     f"follower {ev.follower} came back at version {ev.version} while round "
                     f"{rnd.round_id} was being applied as version {target}"
                 )
-            return [Stop(why)]
+            return self._stop(why)
         elif ev.version != self.version:
             # Outside an update every follower serves the leader's version; anything else
             # means checkpoints from different moments: stop rather than mix versions.
-            self.stopped = True
-            return [
-                Stop(
-                    f"follower {ev.follower} joined at version {ev.version} but the leader is "
-                    f"at version {self.version}: restore checkpoints of one version"
-                )
-            ]
+            return self._stop(
+                f"follower {ev.follower} joined at version {ev.version} but the leader is "
+                f"at version {self.version}: restore checkpoints of one version"
+            )
         if rnd is None and self._followers_ready():
             return self._open_next(ev.t)
         return []
@@ -1035,11 +1037,10 @@ class Leader:
         self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = None
         if self.config.token_budget is not None and self.tokens_taken >= self.config.token_budget:
-            self.stopped = True
             for p in self.waiting:
                 self._settle(p, "dropped")
             self.waiting = []
-            return [Stop(f"token budget {self.config.token_budget} reached")]
+            return self._stop(f"token budget {self.config.token_budget} reached")
         return self._open_next(t)
 
     def round_record(self, rnd: Round, t: float) -> RoundRecord:
@@ -1216,6 +1217,7 @@ class Leader:
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
                 "tokens_taken": self.tokens_taken,
                 "stopped": self.stopped,
+                "stop_reason": self.stop_reason,
                 "refused": dict(sorted(self.refused.items())),
             }
         )
@@ -1280,6 +1282,7 @@ class Leader:
         leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
         leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
+        leader.stop_reason = state.get("stop_reason", "")
         leader.refused = collections.Counter(state.get("refused", {}))
         if tape is not None:
             leader.tape = tape

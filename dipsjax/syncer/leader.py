@@ -124,8 +124,8 @@ class LeaderConfig:
       heartbeat_interval, missed_heartbeats: eviction after this many silent intervals.
       rejoin_grace: seconds a :meth:`Leader.resume`-d leader gives its members to come back
         (processes restarting from checkpoints compile first) before heartbeats count.
-      token_budget: stop after the round in which the pushes taken (not refused) reach this
-        many tokens (None: never).
+      token_budget: stop after the round in which the tokens that entered decided rounds
+        (applied or rejected; not dropped or refused) reach this many (None: never).
       num_followers: followers holding the shards (every one reports in every round).
       layer_owner: follower of each tensor, in the model's flattened order (the transfer
         plan is built from it; empty: plans carry no transfers).
@@ -323,7 +323,6 @@ class Leader:
         # Of those, the ones already asked to rejoin in this episode of being lost: one
         # ``Rejoin`` each (a late second one would wipe the next round's staged shards).
         self.rejoin_asked: set[int] = set()
-        self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
         self.tape = EventTape()
@@ -347,6 +346,17 @@ class Leader:
         """Tokens of the pushes not settled yet (waiting, or in the round in progress)."""
         pending = self.waiting + (self.round.pushes if self.round is not None else [])
         return sum(p.tokens for p in pending if p.outcome is None)
+
+    def budget_tokens(self) -> int:
+        """The budget's count: tokens that entered a decided round, applied or rejected
+        (from the ledger). Dropped pushes (stale, discarded rounds, lost to a restart) are
+        trained again by someone and counted then."""
+        tot = self.ledger.totals()
+        return tot["applied"] + tot["rejected"]
+
+    def budget_reached(self) -> bool:
+        budget = self.config.token_budget
+        return budget is not None and self.budget_tokens() >= budget
 
     def _settle(self, p: Push, outcome: str, release: bool = True) -> None:
         """Books a push's outcome once. Its finished chunks count as trained when it was
@@ -484,7 +494,6 @@ class Leader:
         for queue in queues:
             for p in [p for p in queue if p.learner == learner]:
                 queue.remove(p)
-                self.tokens_taken -= p.tokens
                 self._settle(p, "dropped", release=False)
         rnd = self.round
         with_followers = (Phase.NORMS, Phase.MERGE, Phase.APPLY)
@@ -683,7 +692,6 @@ class Leader:
             return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self.ledger.report(ev.learner, meta.tokens)
-        self.tokens_taken += meta.tokens
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
@@ -1036,7 +1044,7 @@ class Leader:
         )
         self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = None
-        if self.config.token_budget is not None and self.tokens_taken >= self.config.token_budget:
+        if self.budget_reached():
             for p in self.waiting:
                 self._settle(p, "dropped")
             self.waiting = []
@@ -1134,7 +1142,6 @@ class Leader:
             # Pushes that waited are lost (their learners train them again); the kept
             # round's record holds them, after that learner's earlier push, for replay.
             for p in lost:
-                self.tokens_taken -= p.tokens
                 self._settle(p, "dropped", release=False)
             kept.dropped += lost
         elif lost or rnd is not None:
@@ -1144,7 +1151,6 @@ class Leader:
                 rnd = Round(round_id=self.next_round_id, opened=t)
                 self.next_round_id += 1
             for p in lost:
-                self.tokens_taken -= p.tokens  # trained again: counted when pushed again
                 self._settle(p, "dropped", release=False)
             rnd.dropped += lost
             rnd.pushes = [p for p in rnd.pushes if p.outcome is not None]  # rejected ones
@@ -1215,7 +1221,6 @@ class Leader:
                 "follower_addresses": [[k, a] for k, a in self.follower_addresses.items()],
                 "lru": list(self.lru),
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
-                "tokens_taken": self.tokens_taken,
                 "stopped": self.stopped,
                 "stop_reason": self.stop_reason,
                 "refused": dict(sorted(self.refused.items())),
@@ -1280,7 +1285,6 @@ class Leader:
         leader.follower_addresses = {k: a for k, a in state.get("follower_addresses", [])}
         leader.lru = tuple(state["lru"])
         leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
-        leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
         leader.stop_reason = state.get("stop_reason", "")
         leader.refused = collections.Counter(state.get("refused", {}))

@@ -8,7 +8,7 @@ import pytest
 
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
 from dipsjax.syncer import messages as L
-from tests.syncer.test_leader import join_all, push, totals
+from tests.syncer.test_leader import join_all, kinds, push, totals
 
 
 def copy_of(leader, t):
@@ -282,3 +282,51 @@ def test_a_learner_resuming_after_a_whole_run_resume_is_still_a_member():
     copy, _ = copy_of(leader, 5.0)
     assert copy.handle(L.Join(6.0, 0, resume=True)) == [L.SendModel(0, 0, (grant.chunk,))]
     assert copy.refused["unknown"] == 0
+
+
+# -- item 12: the budget counts tokens that entered a decided round -----------------------
+
+
+def test_the_budget_counts_tokens_applied_or_rejected_not_pushes_dropped():
+    """Pushes dropped (a round discarded because a follower was lost, a push too stale)
+    are trained again by someone and must not count towards the budget: it counts the
+    tokens that entered a decided round, applied or rejected, from the ledger. Before, a
+    run stopped with 753,664 tokens applied of a 786,432 budget after a leader kill."""
+    leader = two_followers(token_budget=50, max_staleness=0)
+    rnd = to_phase(leader, "norms", 0.0)
+    leader.handle(L.FollowerLost(0.5, 1, "restarted"))  # the round is discarded: 40 dropped
+    leader.handle(L.FollowerJoined(0.6, 1, 0))
+    for j in (0, 1):
+        leader.handle(L.PullDone(0.7, j, 0))
+    assert leader.round is None and totals(leader)["dropped"] == 40
+    leader.handle(push(1.0, 0, 30, 1, 0))
+    rnd = leader.round
+    leader.handle(L.TransferDone(1.0, 0, rnd.round_id))
+    for k in (0, 1):
+        leader.handle(L.FollowerNorms(1.0, k, rnd.round_id, (1.0,)))
+    for k in (0, 1):
+        leader.handle(L.FollowerMerged(1.0, k, rnd.round_id, 0.5))
+    for k in (0, 1):
+        leader.handle(L.FollowerApplied(1.0, k, rnd.round_id, 1))
+    leader.handle(push(1.5, 1, 30, 1, 0))  # made from version 0: stale once it is 1
+    assert leader.handle(L.PullDone(2.0, 0, 1)) == [
+        L.PushShards(rnd.round_id + 1, 1),
+        L.WakeAt(2.0),
+    ]
+    assert not leader.stopped and leader.budget_tokens() == 30
+    stale = leader.round
+    acts = leader.handle(L.TransferDone(2.1, 1, stale.round_id))
+    assert kinds(acts) == ["Unused", "Discard", "NotifyPull"]
+    assert leader.handle(L.PullDone(2.2, 1, 1)) == []
+    assert not leader.stopped and leader.budget_tokens() == 30 and totals(leader)["dropped"] == 70
+    leader.handle(push(3.0, 1, 30, 1, 1))
+    rnd = leader.round
+    leader.handle(L.TransferDone(3.0, 1, rnd.round_id))
+    for k in (0, 1):
+        leader.handle(L.FollowerNorms(3.0, k, rnd.round_id, (1.0,)))
+    for k in (0, 1):
+        leader.handle(L.FollowerMerged(3.0, k, rnd.round_id, 0.5))
+    for k in (0, 1):
+        leader.handle(L.FollowerApplied(3.0, k, rnd.round_id, 2))
+    assert leader.handle(L.PullDone(3.5, 1, 2)) == [L.Stop("token budget 50 reached")]
+    assert leader.budget_tokens() == 60 and leader.stop_reason == "token budget 50 reached"

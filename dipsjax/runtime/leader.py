@@ -14,10 +14,14 @@ written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape records are 
 ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
 ``--resume`` restarts from that snapshot and tape (the clock continues from the last
-status), then :meth:`Leader.resume`: what was in flight is dropped and counted, and every
-follower and learner must come back (they restart from their own checkpoints).
+status), then :meth:`Leader.resume`: a round the followers were applying is finished, what
+else was in flight is dropped and counted, and every follower and learner must come back
+(they restart from their own checkpoints, or rejoin). A leader restarted after it had
+stopped the job tells whoever watches (``Stop``) for a few heartbeats and exits 0; with
+``--reopen`` (``dipsjax run --resume`` of a run a fault stopped short of its budget) it goes
+on instead.
 
-Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume]``.
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen]]``.
 """
 
 from __future__ import annotations
@@ -271,6 +275,9 @@ class LeaderNode:
             "last_round": self.last_round,
             "budget": ld.config.token_budget,
             "stopped": ld.stopped,
+            "stop_reason": ld.stop_reason,
+            "budget_tokens": ld.budget_tokens(),
+            "budget_reached": ld.budget_reached(),
             "refused": dict(sorted((ld.refused + self.refused).items())),
         }
 
@@ -411,11 +418,11 @@ def restored(spec: RunSpec) -> Leader:
     return Leader.restore(state, tape=tape)
 
 
-async def serve(spec: RunSpec, resume: bool = False) -> None:
+async def serve(spec: RunSpec, resume: bool = False, reopen: bool = False) -> None:
     node = LeaderNode(spec, restored(spec) if resume else None)
     node.loop = asyncio.get_running_loop()
     if resume:
-        node.carry_out(node.leader.resume(node.now()))
+        node.carry_out(node.leader.resume(node.now(), reopen=reopen))
     server = grpc.aio.server()
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
@@ -454,8 +461,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
     parser.add_argument("--resume", action="store_true", help="restart from its snapshot")
+    parser.add_argument(
+        "--reopen",
+        action="store_true",
+        help="with --resume: go on with a run a fault stopped short of its budget (a "
+        "whole-run resume); without it a stopped leader only tells whoever watches, and exits",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(serve(RunSpec.read(args.spec), args.resume))
+    if args.reopen and not args.resume:
+        parser.error("--reopen needs --resume")
+    asyncio.run(serve(RunSpec.read(args.spec), args.resume, args.reopen))
     return 0
 
 

@@ -1103,7 +1103,7 @@ class Leader:
 
     # -- resume --------------------------------------------------------------------
 
-    def resume(self, t: float) -> list[Action]:
+    def resume(self, t: float, reopen: bool = False) -> list[Action]:
         """Continues a :meth:`restore`-d leader in a run whose processes all restarted from
         their checkpoints (``--resume``, or the leader alone restarted). A round already
         applied by every follower ends; a round the followers were applying (APPLY) is
@@ -1114,10 +1114,17 @@ class Leader:
         before that push and trains them again (its ``SendModel`` lists them); a dropped
         round that had reached the followers (NORMS, MERGE) is discarded (``Discard``) so
         they prune it. Every follower must rejoin and every learner must pull again before
-        the next round; learners that do not come back are evicted by heartbeats."""
+        the next round; learners that do not come back are evicted by heartbeats.
+
+        A stopped leader stays stopped (restarted after its final ``Stop``), unless
+        ``reopen`` (a whole-run ``--resume`` of a run a fault stopped short of its
+        budget): then it goes on. A run that reached its budget is never reopened."""
+        reopened = self.stopped
         if self.stopped:
-            return []
-        self.tape.append("resume", t=t, version=self.version)
+            if not reopen or self.budget_reached():
+                return []
+            self.stopped, self.stop_reason = False, ""
+        self.tape.append("resume", t=t, version=self.version, reopened=reopened)
         actions: list[Action] = []
         for k in self.followers_up:
             self.followers_up[k] = False

@@ -330,3 +330,46 @@ def test_the_budget_counts_tokens_applied_or_rejected_not_pushes_dropped():
         leader.handle(L.FollowerApplied(3.0, k, rnd.round_id, 2))
     assert leader.handle(L.PullDone(3.5, 1, 2)) == [L.Stop("token budget 50 reached")]
     assert leader.budget_tokens() == 60 and leader.stop_reason == "token budget 50 reached"
+
+
+def _fault_stopped():
+    leader = two_followers(token_budget=100)
+    leader.handle(push(0.0, 0, 10, 1, 0))
+    leader.handle(L.FollowerLost(0.1, 1, "restarted"))
+    (stop,) = [a for a in leader.handle(L.FollowerJoined(0.2, 1, 3)) if isinstance(a, L.Stop)]
+    assert leader.stopped and leader.stop_reason == stop.reason and not leader.budget_reached()
+    return leader
+
+
+def test_a_run_stopped_by_a_fault_can_be_reopened_by_a_whole_run_resume():
+    """A leader stopped short of its budget (a fault) stays stopped when it is merely
+    restarted, but a whole-run ``--resume`` reopens it (``resume(reopen=True)``) and rounds
+    go on; a leader that reached its budget is never reopened."""
+    leader = _fault_stopped()
+    copy, acts = copy_of(leader, 1.0)
+    assert acts == [] and copy.stopped  # restarted: still stopped
+    again = Leader.restore(json.loads(json.dumps(leader.snapshot())), tape=leader.tape)
+    assert again.resume(1.0, reopen=True) == []
+    assert not again.stopped and again.stop_reason == ""
+    assert [r["reopened"] for r in again.tape.records if r["kind"] == "resume"] == [True]
+    for k in (0, 1):
+        again.handle(L.FollowerJoined(2.0, k, 0))
+    for j in (0, 1):
+        again.handle(L.Join(2.0, j, resume=True))
+        again.handle(L.PullDone(2.0, j, 0))
+    assert kinds(again.handle(push(3.0, 0, 10, 1, 0)))[0] == "PushShards"
+    done = two_followers(token_budget=10)
+    done.handle(push(0.0, 0, 10, 1, 0))
+    rnd = done.round
+    done.handle(L.TransferDone(0.0, 0, rnd.round_id))
+    for evs in (
+        [L.FollowerNorms(0.0, k, rnd.round_id, (1.0,)) for k in (0, 1)],
+        [L.FollowerMerged(0.0, k, rnd.round_id, 0.5) for k in (0, 1)],
+        [L.FollowerApplied(0.0, k, rnd.round_id, 1) for k in (0, 1)],
+    ):
+        for ev in evs:
+            done.handle(ev)
+    done.handle(L.PullDone(0.1, 0, 1))
+    assert done.stopped and done.budget_reached()
+    copy = Leader.restore(json.loads(json.dumps(done.snapshot())))
+    assert copy.resume(1.0, reopen=True) == [] and copy.stopped

@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 
 from dipsjax.data.ledger import new_ledger
+from dipsjax.runtime.client import keepalive_options
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -396,6 +397,20 @@ def add_service(service: SyncerService, server: Any) -> None:
     server.add_registered_method_handlers(name, handlers)
 
 
+def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
+    """The control server's gRPC keepalives, matching the clients'
+    (:func:`dipsjax.runtime.client.keepalive_options`): it pings its peers as they ping it
+    (a watcher gone silent is found within 1.5 heartbeats, and what is routed to it waits
+    for its next watch), and takes their pings, even without calls or data, twice as often
+    as they send them, never answering with GOAWAY ("too many pings")."""
+    ms = max(int(heartbeat_interval * 1000), 4)
+    return [
+        *keepalive_options(heartbeat_interval),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms // 4),
+        ("grpc.http2.max_ping_strikes", 0),  # 0: no limit
+    ]
+
+
 def restored(spec: RunSpec) -> Leader:
     """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
     run_dir = Path(spec.run_dir)
@@ -423,7 +438,7 @@ async def serve(spec: RunSpec, resume: bool = False, reopen: bool = False) -> No
     node.loop = asyncio.get_running_loop()
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen))
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=server_options(spec.heartbeat_interval))
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
     host = spec.bind or host

@@ -13,6 +13,30 @@ from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
 
+def keepalive_options(heartbeat_interval: float) -> list[tuple[str, int]]:
+    """The control channel's gRPC keepalives (gRPC core's channel arguments), from the
+    heartbeat interval ``h``: a ping every ``h / 2`` even without calls or data, and the
+    connection closed when one is not answered within ``h``, so a black-holed link is found
+    within ``1.5 h``, well before the 3 silent heartbeats that make a peer lost."""
+    ms = max(int(heartbeat_interval * 1000), 2)
+    return [
+        ("grpc.keepalive_time_ms", ms // 2),
+        ("grpc.keepalive_timeout_ms", ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),  # 0: no limit
+    ]
+
+
+def control_channel(spec: RunSpec) -> Any:
+    """A channel to the leader: TLS with the job's certificates (or plain), keepalives on."""
+    import grpc
+
+    options = keepalive_options(spec.heartbeat_interval)
+    if spec.tls:
+        return grpc.secure_channel(spec.leader, spec.secrets.grpc_channel(), options=options)
+    return grpc.insecure_channel(spec.leader, options=options)
+
+
 class ControlError(RuntimeError):
     """The leader refused a call (its message says why)."""
 
@@ -23,7 +47,7 @@ class ControlClient:
     def __init__(self, spec: RunSpec, *, learner: int | None = None, follower: int | None = None):
         self.spec = spec
         self.peer = {"learner": learner} if learner is not None else {"follower": follower}
-        self.channel = spec.grpc_channel(spec.leader)
+        self.channel = control_channel(spec)
         self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
         self.lock = threading.Lock()
 

@@ -14,10 +14,14 @@ written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape records are 
 ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
 ``--resume`` restarts from that snapshot and tape (the clock continues from the last
-status), then :meth:`Leader.resume`: what was in flight is dropped and counted, and every
-follower and learner must come back (they restart from their own checkpoints).
+status), then :meth:`Leader.resume`: a round the followers were applying is finished, what
+else was in flight is dropped and counted, and every follower and learner must come back
+(they restart from their own checkpoints, or rejoin). A leader restarted after it had
+stopped the job tells whoever watches (``Stop``) for a few heartbeats and exits 0; with
+``--reopen`` (``dipsjax run --resume`` of a run a fault stopped short of its budget) it goes
+on instead.
 
-Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume]``.
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen]]``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from typing import Any
 import grpc
 
 from dipsjax.data.ledger import new_ledger
+from dipsjax.runtime.client import keepalive_options
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -164,10 +169,18 @@ class LeaderNode:
 
     def watch(self, who: tuple[str, int]) -> asyncio.Queue:
         q: asyncio.Queue = asyncio.Queue()
-        for env in self.pending.pop(who, []):
+        pending = self.pending.pop(who, [])
+        for env in pending:
             q.put_nowait(env)
+        if self.leader.stopped and not any(e.WhichOneof("message") == "stop" for e in pending):
+            # The job has stopped (maybe before this process restarted): whoever watches
+            # now hears it at once.
+            q.put_nowait(codec.to_proto(self.final_stop()))
         self.queues[who] = q
         return q
+
+    def final_stop(self) -> m.Stop:
+        return m.Stop(self.leader.stop_reason or "the job has stopped")
 
     def unwatch(self, who: tuple[str, int], q: asyncio.Queue) -> None:
         """A watch stream ended: undelivered actions wait in ``pending`` for its next one."""
@@ -263,6 +276,9 @@ class LeaderNode:
             "last_round": self.last_round,
             "budget": ld.config.token_budget,
             "stopped": ld.stopped,
+            "stop_reason": ld.stop_reason,
+            "budget_tokens": ld.budget_tokens(),
+            "budget_reached": ld.budget_reached(),
             "refused": dict(sorted((ld.refused + self.refused).items())),
         }
 
@@ -381,6 +397,20 @@ def add_service(service: SyncerService, server: Any) -> None:
     server.add_registered_method_handlers(name, handlers)
 
 
+def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
+    """The control server's gRPC keepalives, matching the clients'
+    (:func:`dipsjax.runtime.client.keepalive_options`): it pings its peers as they ping it
+    (a watcher gone silent is found within 1.5 heartbeats, and what is routed to it waits
+    for its next watch), and takes their pings, even without calls or data, twice as often
+    as they send them, never answering with GOAWAY ("too many pings")."""
+    ms = max(int(heartbeat_interval * 1000), 4)
+    return [
+        *keepalive_options(heartbeat_interval),
+        ("grpc.http2.min_ping_interval_without_data_ms", ms // 4),
+        ("grpc.http2.max_ping_strikes", 0),  # 0: no limit
+    ]
+
+
 def restored(spec: RunSpec) -> Leader:
     """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
     run_dir = Path(spec.run_dir)
@@ -403,12 +433,12 @@ def restored(spec: RunSpec) -> Leader:
     return Leader.restore(state, tape=tape)
 
 
-async def serve(spec: RunSpec, resume: bool = False) -> None:
+async def serve(spec: RunSpec, resume: bool = False, reopen: bool = False) -> None:
     node = LeaderNode(spec, restored(spec) if resume else None)
     node.loop = asyncio.get_running_loop()
     if resume:
-        node.carry_out(node.leader.resume(node.now()))
-    server = grpc.aio.server()
+        node.carry_out(node.leader.resume(node.now(), reopen=reopen))
+    server = grpc.aio.server(options=server_options(spec.heartbeat_interval))
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
     host = spec.bind or host
@@ -425,9 +455,16 @@ async def serve(spec: RunSpec, resume: bool = False) -> None:
             await asyncio.sleep(1.0)
             node._tick()
 
+    linger = 1.0  # let the watch streams deliver Stop
+    if node.leader.stopped:
+        # Restarted after it persisted the job's final Stop: nothing is left to do but tell
+        # whoever watches (they reconnect within a few heartbeats), then exit 0.
+        print(f"leader: the job had stopped ({node.final_stop().reason})", flush=True)
+        linger = max(2.0, 3 * spec.heartbeat_interval)
+        node.stopped.set()
     ticker = asyncio.create_task(ticks())
     await node.stopped.wait()
-    await asyncio.sleep(1.0)  # let the watch streams deliver Stop
+    await asyncio.sleep(linger)
     ticker.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ticker
@@ -439,8 +476,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
     parser.add_argument("--resume", action="store_true", help="restart from its snapshot")
+    parser.add_argument(
+        "--reopen",
+        action="store_true",
+        help="with --resume: go on with a run a fault stopped short of its budget (a "
+        "whole-run resume); without it a stopped leader only tells whoever watches, and exits",
+    )
     args = parser.parse_args(argv)
-    asyncio.run(serve(RunSpec.read(args.spec), args.resume))
+    if args.reopen and not args.resume:
+        parser.error("--reopen needs --resume")
+    asyncio.run(serve(RunSpec.read(args.spec), args.resume, args.reopen))
     return 0
 
 

@@ -23,6 +23,7 @@ Run: ``.venv/bin/dipsjax run`` (``configs/quickstart.py``; ``--method``, ``--arg
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import signal
@@ -40,6 +41,7 @@ from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec
 from dipsjax.sim.config import SimConfig
+from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.tape import EventTape, phase_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,13 +104,18 @@ def make_spec(
 
 class Healer:
     """The launcher's restart policy (self-healing, as Kubernetes restarts the paper's
-    leader): a role that dies is started again after a backoff (``spec.restart_backoff``,
+    leader): a role that exits while the job has not stopped (whatever its exit code; one
+    that crashes after the stop too) is started again after a backoff (``spec.restart_backoff``,
     doubled per restart of that role, at most 8 s), at most ``spec.max_restarts`` times:
 
     * a learner as a new incarnation (``--incarnation n``): the leader evicts the old one,
       its leases go back to the ledger, and it pulls one complete version before it pushes;
-    * a follower from its newest checkpoint (``--resume latest``) on its own port;
-    * the leader from its snapshot (``--resume``) on its own port; the others reconnect.
+    * a follower from its newest checkpoint (``--resume latest``, once it has one) on its
+      own port;
+    * the leader from its snapshot (``--resume``, once it has one) on its own port; the
+      others reconnect.
+
+    Only the launcher's own shutdown (Ctrl-C, SIGTERM to ``dipsjax run``) ends every role.
 
     Each death and restart is a line of ``RUN_DIR/restarts.jsonl`` (role, exit code, when it
     was seen dead and when it was started again, seconds since the launch), and the
@@ -121,24 +128,40 @@ class Healer:
         self.run_dir = Path(spec.run_dir)
         self.count: dict[str, int] = {}
         self.due: dict[str, tuple[float, int, float]] = {}  # name -> (restart at, rc, seen)
+        self.stopped = False
         path = self.run_dir / "incarnations.json"
         self.incarnations: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
 
     def args(self, name: str) -> list[str]:
-        """Extra arguments of a role's next start."""
+        """Extra arguments of a role's next start: the leader and a follower resume from
+        what the run folder holds, by the rule a cluster's restarts use
+        (:func:`dipsjax.launch.entry.start_args`); a learner is a new incarnation."""
+        from dipsjax.launch.entry import start_args
+
         if name == "leader":
-            return ["--resume"]
+            return start_args("leader", 0, self.run_dir, count=False)
         if name.startswith("follower"):
             moved = ["--port", "0"] if self.spec.move_followers else []
-            return ["--resume", "latest", *moved]
+            return [*start_args("follower", int(name[8:]), self.run_dir, count=False), *moved]
         return ["--incarnation", str(self.incarnations.get(name, 0))]
 
+    def job_stopped(self) -> bool:
+        """Whether the leader has stopped the job (its snapshot says so; once it does, it
+        stays so for this launch)."""
+        if not self.stopped:
+            snap = self.run_dir / "leader" / "snapshot.json"
+            with contextlib.suppress(OSError, ValueError):  # not written yet
+                self.stopped = bool(json.loads(snap.read_text()).get("stopped"))
+        return self.stopped
+
     def check(self) -> None:
-        """Notices deaths, starts due restarts; raises once a role is out of restarts."""
+        """Notices exits, starts due restarts; raises once a role is out of restarts. A
+        role that exits while the job has not stopped is started again whatever its exit
+        code (SIGTERM ends a role with 0); one that ends with 0 once it stopped is done."""
         now = time.monotonic()
         for name, p in self.procs.procs.items():
             rc = p.poll()
-            if rc in (None, 0) or name in self.due:
+            if rc is None or name in self.due or (rc == 0 and self.job_stopped()):
                 continue
             n = self.count.get(name, 0)
             if rc == REFUSED_EXIT:
@@ -336,8 +359,9 @@ def resumable(run_dir: Path) -> RunSpec:
     snap = Path(run_dir) / "leader" / "snapshot.json"
     if not snap.exists():
         raise FileNotFoundError(f"--resume: {run_dir} has no leader snapshot to resume from")
-    if json.loads(snap.read_text()).get("stopped"):
-        raise ValueError(f"--resume: {run_dir} already finished (its leader stopped)")
+    state = json.loads(snap.read_text())
+    if state.get("stopped") and Leader.restore(state).budget_reached():
+        raise ValueError(f"--resume: {run_dir} already finished (it reached its token budget)")
     return dataclasses.replace(
         spec,
         leader=f"127.0.0.1:{free_port()}",
@@ -369,9 +393,11 @@ def launch(
     procs = Local(spec, append=resume)
     again: list[str] = []
     follower_again: list[str] = []
+    leader_again: list[str] = []
     if resume:
         snap = json.loads((run_dir / "leader" / "snapshot.json").read_text())
         again, follower_again = ["--resume"], ["--resume", str(snap["version"])]
+        leader_again = ["--resume", "--reopen"]  # a run a fault stopped goes on
     status_path = run_dir / "leader" / "status.json"
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -381,7 +407,7 @@ def launch(
     t0 = time.monotonic()
     healer = Healer(experiment, procs, t0)
     try:
-        healer.start("leader", *again)
+        healer.start("leader", *leader_again)
         for k in range(len(spec.followers)):
             healer.start(f"follower{k}", *follower_again)
         # Every learner starts now; one with a join time in the config (``joins``) compiles,
@@ -398,11 +424,13 @@ def launch(
 
         start_learners()
         last = 0.0
-        while procs.procs["leader"].poll() != 0:  # the leader ends (0) once the job stopped
+        while True:
             time.sleep(0.1)
             if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners:
                 start_learners()
-            healer.check()
+            healer.check()  # restarts any role that exited while the job runs
+            if procs.procs["leader"].poll() == 0 and healer.job_stopped():
+                break  # the leader ends (0) once the job stopped
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")
             if progress and time.monotonic() - last > 5 and status_path.exists():
@@ -454,6 +482,38 @@ def finish(spec: RunSpec, wall: float, evaluate: bool = True, **extra: Any) -> d
         plot(summary["curve"], run_dir / "loss.png")
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def outcome(run_dir: Path) -> int:
+    """The exit code of a run that ended: 0 once it reached its token budget; otherwise
+    (a fault stopped it short, or it did not stop) 1, printing why and how to resume."""
+    run_dir = Path(run_dir)
+    snap = run_dir / "leader" / "snapshot.json"
+    state = json.loads(snap.read_text()) if snap.exists() else None
+    leader = Leader.restore(state) if state is not None else None
+    if leader is not None and leader.stopped and leader.budget_reached():
+        return 0
+    if leader is None:
+        why = "the leader left no snapshot"
+    elif leader.stopped:
+        why = leader.stop_reason or "the leader stopped"
+    else:
+        why = "the job did not stop"
+    used = ""
+    if leader is not None:
+        used = f" ({leader.budget_tokens()} tokens used of {leader.config.token_budget})"
+    print(f"the run stopped short of its budget: {why}{used}", flush=True)
+    if leader is not None:
+        print(f"it can be resumed: dipsjax run --resume {run_dir}", flush=True)
+    return 1
+
+
+def _gave_up(run_dir: Path, error: Exception) -> int:
+    """The launcher gave up (a role out of restarts, a timeout): why, and how to resume."""
+    print(f"the run stopped short of its budget: {error}", flush=True)
+    if (Path(run_dir) / "leader" / "snapshot.json").exists():
+        print(f"it can be resumed: dipsjax run --resume {run_dir}", flush=True)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,8 +579,10 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("stopped: every process was ended", flush=True)
             return 130
+        except (RuntimeError, TimeoutError) as e:
+            return _gave_up(Path(spec.run_dir), e)
         report(spec, summary)
-        return 0
+        return outcome(Path(spec.run_dir))
     try:
         cfg = run_config.load(args.config, args.arg, args.set)
         sim = run_config.sim_config(cfg, args.method)
@@ -562,8 +624,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stopped: every process was ended", flush=True)
         return 130
+    except (RuntimeError, TimeoutError) as e:
+        return _gave_up(run_dir, e)
     report(spec, summary)
-    return 0
+    return outcome(run_dir)
 
 
 if __name__ == "__main__":

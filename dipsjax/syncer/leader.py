@@ -124,8 +124,8 @@ class LeaderConfig:
       heartbeat_interval, missed_heartbeats: eviction after this many silent intervals.
       rejoin_grace: seconds a :meth:`Leader.resume`-d leader gives its members to come back
         (processes restarting from checkpoints compile first) before heartbeats count.
-      token_budget: stop after the round in which the pushes taken (not refused) reach this
-        many tokens (None: never).
+      token_budget: stop after the round in which the tokens that entered decided rounds
+        (applied or rejected; not dropped or refused) reach this many (None: never).
       num_followers: followers holding the shards (every one reports in every round).
       layer_owner: follower of each tensor, in the model's flattened order (the transfer
         plan is built from it; empty: plans carry no transfers).
@@ -265,6 +265,10 @@ class Round:
     merged: dict[int, float] = dataclasses.field(default_factory=dict)
     done: list[int] = dataclasses.field(default_factory=list)  # followers that applied
     pulling: list[int] = dataclasses.field(default_factory=list)
+    # Learners that rejoined (``Join(resume=True)``, or all of them after a leader restart)
+    # while their push was with the followers: they pull through their ``SendModel``, not
+    # through this round's pull notice.
+    rejoined: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -316,11 +320,14 @@ class Leader:
         # Followers found lost by their silence (not snapshotted): one that beats again is
         # told to join again (``Rejoin``).
         self.lost_by_silence: set[int] = set()
-        self.tokens_taken = 0  # tokens of the pushes taken into rounds (the budget's count)
+        # Of those, the ones already asked to rejoin in this episode of being lost: one
+        # ``Rejoin`` each (a late second one would wipe the next round's staged shards).
+        self.rejoin_asked: set[int] = set()
         self.lru: tuple[int, ...] = ()
         self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
         self.tape = EventTape()
         self.stopped = False
+        self.stop_reason = ""  # what the Stop said
         # Bad input by kind: pushes refused (unknown, inactive, incarnation, invalid,
         # pending, stopped), joins refused (incarnation, fingerprint), contributions
         # rejected for a non-finite norm (nonfinite) or dropped as too stale (stale).
@@ -339,6 +346,17 @@ class Leader:
         """Tokens of the pushes not settled yet (waiting, or in the round in progress)."""
         pending = self.waiting + (self.round.pushes if self.round is not None else [])
         return sum(p.tokens for p in pending if p.outcome is None)
+
+    def budget_tokens(self) -> int:
+        """The budget's count: tokens that entered a decided round, applied or rejected
+        (from the ledger). Dropped pushes (stale, discarded rounds, lost to a restart) are
+        trained again by someone and counted then."""
+        tot = self.ledger.totals()
+        return tot["applied"] + tot["rejected"]
+
+    def budget_reached(self) -> bool:
+        budget = self.config.token_budget
+        return budget is not None and self.budget_tokens() >= budget
 
     def _settle(self, p: Push, outcome: str, release: bool = True) -> None:
         """Books a push's outcome once. Its finished chunks count as trained when it was
@@ -373,7 +391,13 @@ class Leader:
             for p in rnd.pushes + rnd.dropped
             if p.learner in self.members
             and self.members[p.learner].incarnation == p.meta.incarnation
+            and p.learner not in rnd.rejoined
         ]
+
+    def _stop(self, reason: str) -> list[Action]:
+        """The job stops (for good: a stopped leader only refuses pushes), saying why."""
+        self.stopped, self.stop_reason = True, reason
+        return [Stop(reason)]
 
     def _membership(self, t: float, event: str, learner: int, **extra: Any) -> None:
         self.tape.append(
@@ -428,6 +452,20 @@ class Leader:
             ]
         actions: list[Action] = []
         member = self.members.get(ev.learner)
+        if ev.resume and (member is None or member.incarnation != ev.incarnation):
+            # Back from a checkpoint of an incarnation that is no longer a member (evicted
+            # meanwhile): its leases went to others, so it must not resume; a new
+            # incarnation joins afresh.
+            self.refused["unknown"] += 1
+            return [
+                Refuse(
+                    ev.learner,
+                    f"incarnation {ev.incarnation} is not a member (evicted): start a new "
+                    "incarnation",
+                    RefuseKind.UNKNOWN,
+                    ev.incarnation,
+                )
+            ]
         if member is not None:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)
@@ -456,13 +494,28 @@ class Leader:
         for queue in queues:
             for p in [p for p in queue if p.learner == learner]:
                 queue.remove(p)
-                self.tokens_taken -= p.tokens
                 self._settle(p, "dropped", release=False)
-        if self.round is not None and learner in self.round.pulling:
-            self.round.pulling.remove(learner)
+        rnd = self.round
+        with_followers = (Phase.NORMS, Phase.MERGE, Phase.APPLY)
+        if rnd is not None and rnd.phase in with_followers and learner not in rnd.rejoined:
+            rnd.rejoined.append(learner)  # the round's pull notice leaves it out
+        if rnd is not None and learner in rnd.pulling:
+            rnd.pulling.remove(learner)
         self.dealt.pop(learner, None)  # dealt chunks are among its leases now
+        # The chunks its push with the followers finished are not its to train again: they
+        # complete (or come back) when that push is settled.
+        held = {
+            c
+            for p in (self.round.pushes if self.round is not None else [])
+            if p.learner == learner and p.outcome is None
+            for c in p.meta.finished_chunks
+        }
         leases = (
-            tuple(lease.chunk for lease in chunks.leases_of(self.data, str(learner)))
+            tuple(
+                lease.chunk
+                for lease in chunks.leases_of(self.data, str(learner))
+                if lease.chunk not in held
+            )
             if self.data is not None
             else ()
         )
@@ -504,8 +557,9 @@ class Leader:
 
     def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
         self._follower_seen(ev.follower, ev.t, heartbeat=True)
-        if ev.follower in self.lost_by_silence:
-            # Found lost while silent (a hang), beating again: it does not know.
+        if ev.follower in self.lost_by_silence and ev.follower not in self.rejoin_asked:
+            # Found lost while silent (a hang), beating again: it does not know. Asked once.
+            self.rejoin_asked.add(ev.follower)
             return [Rejoin(ev.follower, "found lost through missed heartbeats")]
         return []
 
@@ -638,7 +692,6 @@ class Leader:
             return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self.ledger.report(ev.learner, meta.tokens)
-        self.tokens_taken += meta.tokens
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
@@ -705,6 +758,7 @@ class Leader:
         self._follower_seen(ev.follower, ev.t)
         self.follower_seen.pop(ev.follower, None)
         self.lost_by_silence.discard(ev.follower)  # (a restarted one says so: it knows)
+        self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = False
         self.tape.append("follower", t=ev.t, event="lost", follower=ev.follower, reason=ev.reason)
         rnd = self.round
@@ -722,6 +776,7 @@ class Leader:
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.lost_by_silence.discard(ev.follower)
+        self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = True
         if ev.address:
             self.follower_addresses[ev.follower] = ev.address
@@ -734,30 +789,39 @@ class Leader:
         )
         rnd = self.round
         if rnd is not None and rnd.phase is Phase.APPLY:
-            if ev.version == self.version + 1:  # it applied the round before it was lost
+            target = self.version + 1
+            if ev.version == target:  # it applied the round before it was lost
                 return self._on_FollowerApplied(
                     FollowerApplied(ev.t, ev.follower, rnd.round_id, ev.version)
                 )
-            if ev.follower not in rnd.done:
-                # It lost the round's shards mid-apply while others applied it: the shards
-                # disagree on the version. Fail loudly; restore a consistent snapshot.
-                self.stopped = True
-                return [
-                    Stop(
-                        f"follower {ev.follower} came back at version {ev.version} while "
-                        f"round {rnd.round_id} was being applied as version {self.version + 1}"
-                    )
-                ]
+            if ev.version == self.version and rnd.round_id in ev.rounds:
+                # It still holds the round's inputs (batch and Decide): tell it again.
+                # Applying is idempotent: a follower already at the target says so again.
+                if ev.follower in rnd.done:
+                    rnd.done.remove(ev.follower)
+                assert rnd.clip_factor is not None and rnd.merged_sq_norm is not None
+                return [Apply(rnd.round_id, target, rnd.clip_factor, rnd.merged_sq_norm)]
+            # It lost the round's inputs mid-apply (others may have applied it): the shards
+            # would disagree on the version. Fail loudly (durable inputs would redo it).
+            if ev.version == self.version:
+                why = (
+                    f"follower {ev.follower} came back at version {ev.version} without the "
+                    f"inputs of round {rnd.round_id}, which is being applied as version "
+                    f"{target}: it cannot apply it"
+                )
+            else:
+                why = (
+                    f"follower {ev.follower} came back at version {ev.version} while round "
+                    f"{rnd.round_id} was being applied as version {target}"
+                )
+            return self._stop(why)
         elif ev.version != self.version:
             # Outside an update every follower serves the leader's version; anything else
             # means checkpoints from different moments: stop rather than mix versions.
-            self.stopped = True
-            return [
-                Stop(
-                    f"follower {ev.follower} joined at version {ev.version} but the leader is "
-                    f"at version {self.version}: restore checkpoints of one version"
-                )
-            ]
+            return self._stop(
+                f"follower {ev.follower} joined at version {ev.version} but the leader is "
+                f"at version {self.version}: restore checkpoints of one version"
+            )
         if rnd is None and self._followers_ready():
             return self._open_next(ev.t)
         return []
@@ -980,12 +1044,11 @@ class Leader:
         )
         self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = None
-        if self.config.token_budget is not None and self.tokens_taken >= self.config.token_budget:
-            self.stopped = True
+        if self.budget_reached():
             for p in self.waiting:
                 self._settle(p, "dropped")
             self.waiting = []
-            return [Stop(f"token budget {self.config.token_budget} reached")]
+            return self._stop(f"token budget {self.config.token_budget} reached")
         return self._open_next(t)
 
     def round_record(self, rnd: Round, t: float) -> RoundRecord:
@@ -1040,17 +1103,28 @@ class Leader:
 
     # -- resume --------------------------------------------------------------------
 
-    def resume(self, t: float) -> list[Action]:
+    def resume(self, t: float, reopen: bool = False) -> list[Action]:
         """Continues a :meth:`restore`-d leader in a run whose processes all restarted from
-        their checkpoints (``--resume``). The followers' staged shards are gone, so every
-        push not applied yet is dropped (counted), its chunks left leased to its learner,
-        who resumes from the checkpoint before that push and trains them again (its
-        ``SendModel`` lists them); a round already applied by every follower ends. Every
-        follower must rejoin (at this version) and every learner must pull again before
-        the next round; learners that do not come back are evicted by heartbeats."""
+        their checkpoints (``--resume``, or the leader alone restarted). A round already
+        applied by every follower ends; a round the followers were applying (APPLY) is
+        kept: each follower rejoins at v + 1 (applied) or at v holding its inputs (told to
+        apply it again), and it ends once every follower applied it (its learners pull
+        through their ``SendModel``). Every other push not applied yet is dropped
+        (counted), its chunks left leased to its learner, who resumes from the checkpoint
+        before that push and trains them again (its ``SendModel`` lists them); a dropped
+        round that had reached the followers (NORMS, MERGE) is discarded (``Discard``) so
+        they prune it. Every follower must rejoin and every learner must pull again before
+        the next round; learners that do not come back are evicted by heartbeats.
+
+        A stopped leader stays stopped (restarted after its final ``Stop``), unless
+        ``reopen`` (a whole-run ``--resume`` of a run a fault stopped short of its
+        budget): then it goes on. A run that reached its budget is never reopened."""
+        reopened = self.stopped
         if self.stopped:
-            return []
-        self.tape.append("resume", t=t, version=self.version)
+            if not reopen or self.budget_reached():
+                return []
+            self.stopped, self.stop_reason = False, ""
+        self.tape.append("resume", t=t, version=self.version, reopened=reopened)
         actions: list[Action] = []
         for k in self.followers_up:
             self.followers_up[k] = False
@@ -1060,22 +1134,37 @@ class Leader:
             rnd.pulling = []  # its learners pull through SendModel when they rejoin
             actions += self._end_round(t)
             rnd = None
+        kept = None
+        if rnd is not None and rnd.phase is Phase.APPLY:
+            # Followers were applying it: they come back at v + 1 (applied) or at v holding
+            # its inputs (told to apply it again); the round ends once every one applied.
+            kept, rnd = rnd, None
+            kept.done = []  # every follower must rejoin
+            kept.rejoined = sorted({p.learner for p in kept.pushes + kept.dropped})
+        elif rnd is not None and rnd.phase in (Phase.NORMS, Phase.MERGE):
+            # Its batch (and maybe its Decide) is with the followers: they prune it.
+            actions.append(Discard(rnd.round_id, "the leader restarted"))
         lost = [p for p in waiting + (rnd.pushes if rnd is not None else []) if p.outcome is None]
-        if lost or rnd is not None:
+        if kept is not None:
+            # Pushes that waited are lost (their learners train them again); the kept
+            # round's record holds them, after that learner's earlier push, for replay.
+            for p in lost:
+                self._settle(p, "dropped", release=False)
+            kept.dropped += lost
+        elif lost or rnd is not None:
             # One unapplied round on the tape holds every push lost (replay retrains them,
             # as the learners did before they stopped).
             if rnd is None:
                 rnd = Round(round_id=self.next_round_id, opened=t)
                 self.next_round_id += 1
             for p in lost:
-                self.tokens_taken -= p.tokens  # trained again: counted when pushed again
                 self._settle(p, "dropped", release=False)
             rnd.dropped += lost
             rnd.pushes = [p for p in rnd.pushes if p.outcome is not None]  # rejected ones
             rnd.decision = None
             rnd.decided_version = self.version
             self.tape.append("round", **self.round_record(rnd, t).to_json())
-        self.round = None
+        self.round = kept
         for member in self.members.values():
             member.active = False
             member.last_seen = t + self.config.rejoin_grace  # time to restart and rejoin
@@ -1139,8 +1228,8 @@ class Leader:
                 "follower_addresses": [[k, a] for k, a in self.follower_addresses.items()],
                 "lru": list(self.lru),
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
-                "tokens_taken": self.tokens_taken,
                 "stopped": self.stopped,
+                "stop_reason": self.stop_reason,
                 "refused": dict(sorted(self.refused.items())),
             }
         )
@@ -1203,8 +1292,8 @@ class Leader:
         leader.follower_addresses = {k: a for k, a in state.get("follower_addresses", [])}
         leader.lru = tuple(state["lru"])
         leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
-        leader.tokens_taken = state["tokens_taken"]
         leader.stopped = state["stopped"]
+        leader.stop_reason = state.get("stop_reason", "")
         leader.refused = collections.Counter(state.get("refused", {}))
         if tape is not None:
             leader.tape = tape

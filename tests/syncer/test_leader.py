@@ -748,7 +748,7 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     assert after["dropped"] - before["dropped"] == 200
     assert after["reported"] == before["reported"]
     # They are trained again, so they count towards the budget once, when pushed again.
-    assert copy.tokens_taken == leader.tokens_taken - 200 == 300
+    assert copy.budget_tokens() == leader.budget_tokens() == 300
     assert copy.round is None and not any(copy.followers_up.values())
     assert not any(mb.active for mb in copy.members.values())
     # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
@@ -879,9 +879,9 @@ def test_a_learner_resuming_while_the_leader_runs_loses_only_its_unsent_push():
     leader = Leader(LeaderConfig(penalty=False), FixedGrace(10.0))
     join_all(leader, 2)
     leader.handle(push(0.0, 0, 10, 1, 0))
-    taken = leader.tokens_taken
     (send,) = leader.handle(L.Join(1.0, 0, resume=True))  # same incarnation, from a checkpoint
-    assert send.last_outcome == "lost" and leader.tokens_taken == taken - 10
+    assert send.last_outcome == "lost" and leader.budget_tokens() == 0
+    assert totals(leader)["dropped"] == 10 and totals(leader)["outstanding"] == 0
     assert leader.round is None or not leader.round.pushes
     leader.handle(L.PullDone(1.5, 0, 0))
     assert kinds(leader.handle(push(2.0, 0, 10, 1, 0)))[0] == "PushShards"  # not "pending"

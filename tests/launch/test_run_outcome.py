@@ -1,0 +1,141 @@
+"""How ``dipsjax run`` ends and restarts roles: a run a fault stopped short of its budget
+exits non-zero with the stop's reason and stays resumable; a role that exits while the job
+has not stopped is started again whatever its exit code (``Healer``)."""
+
+import json
+import types
+
+import pytest
+
+from dipsjax.runtime import credentials, run
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.sim.config import SimConfig
+from dipsjax.syncer import Leader, LeaderConfig, NoGrace
+from dipsjax.syncer import messages as L
+
+
+def _run_dir(tmp_path, *, budget_reached):
+    """A run folder whose leader stopped: at its budget, or for a fault short of it."""
+    run_dir = tmp_path / "run"
+    sim = SimConfig(learners=1, followers=1, token_budget=10)
+    creds = credentials.create(run_dir / "credentials").directory
+    spec = RunSpec(sim, "127.0.0.1:1", ("127.0.0.1:2",), creds, str(run_dir), (0,), 4)
+    spec.write(run_dir / "spec.json")
+    leader = Leader(LeaderConfig(penalty=False, token_budget=10), NoGrace())
+    leader.handle(L.FollowerJoined(0.0, 0, 0))
+    leader.handle(L.Join(0.0, 0))
+    leader.handle(L.PullDone(0.0, 0, 0))
+    leader.handle(L.PushRequested(0.0, 0, L.PushMeta(10, 1, 0)))
+    leader.handle(L.TransferDone(0.0, 0, 0))
+    leader.handle(L.FollowerNorms(0.0, 0, 0, (1.0,)))
+    if budget_reached:
+        leader.handle(L.FollowerMerged(0.0, 0, 0, 0.5))
+        leader.handle(L.FollowerApplied(0.0, 0, 0, 1))
+        leader.handle(L.PullDone(0.0, 0, 1))
+    else:
+        leader.handle(L.FollowerLost(0.0, 0, "restarted"))
+        leader.handle(L.FollowerJoined(0.0, 0, 5))
+    assert leader.stopped and leader.budget_reached() == budget_reached
+    (run_dir / "leader").mkdir()
+    (run_dir / "leader" / "snapshot.json").write_text(json.dumps(leader.snapshot()))
+    return run_dir, leader
+
+
+def test_only_a_run_that_reached_its_budget_is_finished_for_resume(tmp_path):
+    run_dir, _ = _run_dir(tmp_path / "a", budget_reached=True)
+    with pytest.raises(ValueError, match="already finished"):
+        run.resumable(run_dir)
+    run_dir, _ = _run_dir(tmp_path / "b", budget_reached=False)
+    spec = run.resumable(run_dir)
+    assert spec.run_dir == str(run_dir) and spec.leader != "127.0.0.1:1"  # fresh ports
+
+
+def test_a_run_a_fault_stopped_exits_non_zero_with_the_reason(tmp_path, monkeypatch, capsys):
+    run_dir, leader = _run_dir(tmp_path, budget_reached=False)
+    seen = {}
+
+    def fake_launch(spec, **kw):
+        seen.update(kw)
+        return run.finish(spec, 1.0, evaluate=False)
+
+    monkeypatch.setattr(run, "launch", fake_launch)
+    assert run.main(["--resume", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert f"stopped short of its budget: {leader.stop_reason}" in out
+    assert f"dipsjax run --resume {run_dir}" in out
+    assert seen == {"resume": True}
+
+    def gave_up(spec, **kw):
+        raise RuntimeError("follower0 exited with code 1 after 3 restarts")
+
+    monkeypatch.setattr(run, "launch", gave_up)
+    assert run.main(["--resume", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "follower0 exited with code 1 after 3 restarts" in out
+    assert f"dipsjax run --resume {run_dir}" in out
+
+
+def test_the_outcome_of_a_run_that_reached_its_budget_is_zero(tmp_path, capsys):
+    run_dir, _ = _run_dir(tmp_path, budget_reached=True)
+    assert run.outcome(run_dir) == 0
+    assert capsys.readouterr().out == ""
+
+
+class _Proc:
+    def __init__(self, rc):
+        self.rc = rc
+
+    def poll(self):
+        return self.rc
+
+
+def _healer(tmp_path, stopped, **rcs):
+    run_dir = tmp_path / "run"
+    (run_dir / "leader").mkdir(parents=True)
+    (run_dir / "leader" / "snapshot.json").write_text(json.dumps({"stopped": stopped}))
+    spec = types.SimpleNamespace(
+        run_dir=str(run_dir), max_restarts=3, restart_backoff=0.0, move_followers=False
+    )
+    procs = types.SimpleNamespace(procs={n: _Proc(rc) for n, rc in rcs.items()}, logs=run_dir)
+    healer = run.Healer(types.SimpleNamespace(spec=spec), procs, 0.0)
+    started = []
+
+    def start(name, *args):
+        started.append((name, *args))
+        procs.procs[name] = _Proc(None)  # running again
+
+    healer.start = start
+    return healer, started
+
+
+def test_a_role_that_exits_while_the_job_runs_is_restarted_whatever_its_exit_code(tmp_path):
+    """SIGTERM to a follower or the leader ends it with 0: before, it was never restarted
+    (a follower: the job stalled; the leader: the launcher printed its table at 19% of
+    the budget and exited 0). Once the job has stopped, a role that ends with 0 is done."""
+    healer, started = _healer(tmp_path, False, leader=0, follower0=0, learner1=0)
+    healer.check()  # noticed, and started again at once (no backoff)
+    healer.check()
+    assert sorted(started) == [
+        ("follower0",),  # no checkpoint yet: it starts afresh (not --resume latest)
+        ("leader", "--resume"),
+        ("learner1", "--incarnation", "1"),
+    ]
+    assert healer.count == {"leader": 1, "follower0": 1, "learner1": 1}
+    healer, started = _healer(tmp_path / "b", True, leader=0, follower0=0, learner1=0)
+    healer.check()
+    healer.check()
+    assert started == []
+    assert healer.job_stopped()
+
+
+def test_a_restarted_role_resumes_from_what_the_run_folder_holds(tmp_path):
+    """One rule for a role's restart arguments, the entry's (``entry.start_args``): the
+    leader from its snapshot, a follower from its newest checkpoint once it has one."""
+    healer, _ = _healer(tmp_path, False)
+    run_dir = tmp_path / "run"
+    assert healer.args("leader") == ["--resume"]  # its snapshot is there
+    assert healer.args("follower0") == []
+    (run_dir / "follower0" / "ckpt" / "3").mkdir(parents=True)
+    assert healer.args("follower0") == ["--resume", "latest"]
+    healer.spec.move_followers = True
+    assert healer.args("follower0") == ["--resume", "latest", "--port", "0"]

@@ -1,0 +1,78 @@
+"""A leader process restarted (``--resume``) after it persisted the job's final ``Stop``
+(a real leader process)."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dipsjax.runtime import credentials
+from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime.leader import LeaderNode
+from dipsjax.runtime.run import free_port
+from dipsjax.runtime.spec import RunSpec
+from dipsjax.sim.config import SimConfig
+from dipsjax.syncer import messages as m
+from dipsjax.transport import control_codec as codec
+from dipsjax.transport.proto import syncer_pb2
+
+pytestmark = [pytest.mark.integration]
+
+
+def _stopped_run(run_dir):
+    """A run whose leader reached its budget and persisted that (then died)."""
+    sim = SimConfig(learners=1, followers=1, token_budget=100)
+    creds = credentials.create(run_dir / "credentials").directory
+    port = free_port()
+    spec = RunSpec(
+        sim, f"127.0.0.1:{port}", (f"127.0.0.1:{port + 1}",), creds, str(run_dir), (0,), 4
+    )
+    spec.write(run_dir / "spec.json")
+    node = LeaderNode(spec)
+    ld = node.leader
+    for ev in (
+        m.FollowerJoined(0.0, 0, 0),
+        m.Join(0.0, 0),
+        m.PullDone(0.0, 0, 0),
+        m.PushRequested(0.0, 0, m.PushMeta(200, 1, 0)),
+        m.TransferDone(0.0, 0, 0),
+        m.FollowerNorms(0.0, 0, 0, (1.0,)),
+        m.FollowerMerged(0.0, 0, 0, 0.5),
+        m.FollowerApplied(0.0, 0, 0, 1),
+    ):
+        ld.handle(ev)
+    assert ld.handle(m.PullDone(0.1, 0, 1)) == [m.Stop("token budget 100 reached")]
+    node._persist()
+    return spec
+
+
+def _first_action(client, timeout=15.0):
+    """The first action the leader routes to ``client``'s watch (fails after ``timeout``)."""
+    req = syncer_pb2.WatchRequest(job_token=client.spec.token, **client.peer)
+    return codec.from_proto(
+        next(iter(client.stub.Watch(req, timeout=timeout, wait_for_ready=True)))
+    )
+
+
+def test_a_leader_restarted_after_the_final_stop_tells_whoever_watches_and_exits(tmp_path):
+    """Before, it served forever (the launcher waited 30 minutes for a run that had reached
+    its budget): now it delivers the ``Stop`` to whoever watches, for a short while, and
+    exits 0."""
+    run_dir = tmp_path / "run"
+    spec = _stopped_run(run_dir)
+    cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(run_dir / "spec.json"), "--resume"]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    try:
+        follower = ControlClient(spec, follower=0)
+        assert _first_action(follower) == m.Stop("token budget 100 reached")
+        learner = ControlClient(spec, learner=0)
+        assert _first_action(learner) == m.Stop("token budget 100 reached")
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert time.monotonic() - t0 < 20

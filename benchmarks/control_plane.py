@@ -55,8 +55,13 @@ def _measure(
     actions = {"learner": queue.Queue(), "follower": queue.Queue()}
 
     def watch(client, name):
-        for a in client.watch():
-            actions[name].put((time.perf_counter(), a))
+        import grpc
+
+        try:  # the learner's stream as this incarnation: the leader routes by it
+            for a in client.watch(incarnation if name == "learner" else 0):
+                actions[name].put((time.perf_counter(), a))
+        except grpc.RpcError:  # closed at the end of the measurement
+            return
 
     for client, name in ((learner, "learner"), (follower, "follower")):
         threading.Thread(target=watch, args=(client, name), daemon=True).start()
@@ -76,7 +81,7 @@ def _measure(
         meta = m.PushMeta(tokens=8192, steps=16, base_version=version, incarnation=incarnation)
         learner.call(m.PushRequested(0.0, 0, meta))
         _, plan = wait("learner", m.PushShards)
-        learner.call(m.TransferDone(0.0, 0, plan.round_id))
+        learner.call(m.TransferDone(0.0, 0, plan.round_id, incarnation=incarnation))
         _, req = wait("follower", m.RequestNorms)
         t0 = time.perf_counter()
         follower.call(m.FollowerNorms(0.0, 0, req.round_id, (1.0,)))
@@ -93,6 +98,8 @@ def _measure(
         learner.call(m.Heartbeat(0.0, 0))
         heartbeats.append(time.perf_counter() - t0)
         time.sleep(0.005)
+    learner.close()  # the next measurement's clients are the only ones watching
+    follower.close()
     return decisions, heartbeats
 
 
@@ -111,8 +118,12 @@ def main() -> None:
     args = parser.parse_args()
     size = dict(rounds=5, beats=30) if args.tiny else {}
     run_dir = Path(tempfile.mkdtemp(prefix="dipsjax-cp-"))
+    # The clients beat only when they measure heartbeats: a long interval, so that the
+    # leader does not evict them for their silence meanwhile.
     spec = make_spec(
-        SimConfig(method="sync_diloco", learners=1, followers=1, token_budget=10**12), run_dir
+        SimConfig(method="sync_diloco", learners=1, followers=1, token_budget=10**12),
+        run_dir,
+        heartbeat_interval=600.0,
     )
     spec.write(run_dir / "spec.json")
     leader = subprocess.Popen(

@@ -9,7 +9,9 @@ the follower's ``FollowerNorms`` to the ``Decide`` on its watch stream (a decisi
 the data plane (one pushing a 100M-parameter BF16 model to a follower's data-plane server
 over and over).
 
-Run: ``.venv/bin/python benchmarks/control_plane.py``.
+Run: ``.venv/bin/python benchmarks/control_plane.py`` (``--tiny``: 5 rounds and 30
+heartbeats each, a 10M-parameter model saturating; a harness check whose figures mean
+nothing).
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from pathlib import Path
 import numpy as np
 
 
-def _saturate(stop, started) -> None:
+def _saturate(stop, started, tensors: int = 50) -> None:
     """Child: a data-plane server and a client pushing 100M parameters in a loop."""
     from dipsjax.transport import dataplane as dp
 
-    model = {i: np.ones(2_000_000, np.float32) for i in range(50)}
+    model = {i: np.ones(2_000_000, np.float32) for i in range(tensors)}
     server = dp.DataPlaneServer(lambda *a: None, lambda v: (0, {}))
     client = dp.DataPlaneClient(server.address)
     started.set()
@@ -53,8 +55,13 @@ def _measure(
     actions = {"learner": queue.Queue(), "follower": queue.Queue()}
 
     def watch(client, name):
-        for a in client.watch():
-            actions[name].put((time.perf_counter(), a))
+        import grpc
+
+        try:  # the learner's stream as this incarnation: the leader routes by it
+            for a in client.watch(incarnation if name == "learner" else 0):
+                actions[name].put((time.perf_counter(), a))
+        except grpc.RpcError:  # closed at the end of the measurement
+            return
 
     for client, name in ((learner, "learner"), (follower, "follower")):
         threading.Thread(target=watch, args=(client, name), daemon=True).start()
@@ -74,7 +81,7 @@ def _measure(
         meta = m.PushMeta(tokens=8192, steps=16, base_version=version, incarnation=incarnation)
         learner.call(m.PushRequested(0.0, 0, meta))
         _, plan = wait("learner", m.PushShards)
-        learner.call(m.TransferDone(0.0, 0, plan.round_id))
+        learner.call(m.TransferDone(0.0, 0, plan.round_id, incarnation=incarnation))
         _, req = wait("follower", m.RequestNorms)
         t0 = time.perf_counter()
         follower.call(m.FollowerNorms(0.0, 0, req.round_id, (1.0,)))
@@ -91,6 +98,8 @@ def _measure(
         learner.call(m.Heartbeat(0.0, 0))
         heartbeats.append(time.perf_counter() - t0)
         time.sleep(0.005)
+    learner.close()  # the next measurement's clients are the only ones watching
+    follower.close()
     return decisions, heartbeats
 
 
@@ -99,12 +108,22 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
+    import argparse
+
     from dipsjax.runtime.run import make_spec
     from dipsjax.sim.config import SimConfig
 
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
+    args = parser.parse_args()
+    size = dict(rounds=5, beats=30) if args.tiny else {}
     run_dir = Path(tempfile.mkdtemp(prefix="dipsjax-cp-"))
+    # The clients beat only when they measure heartbeats: a long interval, so that the
+    # leader does not evict them for their silence meanwhile.
     spec = make_spec(
-        SimConfig(method="sync_diloco", learners=1, followers=1, token_budget=10**12), run_dir
+        SimConfig(method="sync_diloco", learners=1, followers=1, token_budget=10**12),
+        run_dir,
+        heartbeat_interval=600.0,
     )
     spec.write(run_dir / "spec.json")
     leader = subprocess.Popen(
@@ -114,14 +133,15 @@ def main() -> None:
     )
     results = {}
     try:
-        results["idle"] = _measure(spec, incarnation=0)
+        results["idle"] = _measure(spec, incarnation=0, **size)
         ctx = mp.get_context("spawn")
         stop, started = ctx.Event(), ctx.Event()
-        hog = ctx.Process(target=_saturate, args=(stop, started), daemon=True)
+        hog = ctx.Process(target=_saturate, args=(stop, started, 5 if args.tiny else 50))
+        hog.daemon = True
         hog.start()
         started.wait(120)
         time.sleep(1.0)
-        results["saturated"] = _measure(spec, incarnation=1)
+        results["saturated"] = _measure(spec, incarnation=1, **size)
         stop.set()
         hog.join(30)
     finally:

@@ -12,7 +12,8 @@ The data plane is measured twice, as runs use it (TLS with the job's certificate
 ``dipsjax.runtime.credentials``) and in plain TCP (``RunSpec.tls=False``), so that what TLS
 costs shows beside what the framing costs.
 
-Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run).
+Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run;
+``--tiny``: 4M parameters, 1 trial, a harness check whose figures mean nothing).
 """
 
 from __future__ import annotations
@@ -158,7 +159,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--params", type=float, default=100e6)
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--tiny", action="store_true", help="4M parameters, 1 trial")
     args = parser.parse_args()
+    if args.tiny:
+        args.params, args.trials = 4e6, 1
     model = _model(args.params)
     n_params = sum(x.size for x in model.values())
     nbytes = [2 * sum(x.size for x in _shard(model, k).values()) for k in range(2)]

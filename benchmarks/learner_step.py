@@ -1,6 +1,7 @@
 """Throughput of the dipsjax learner step against a minimal hand-written flax + optax loop.
 
-Run: ``python benchmarks/learner_step.py`` (25-45 s on 2 shared CPU cores).
+Run: ``python benchmarks/learner_step.py`` (25-45 s on 2 shared CPU cores; ``--tiny``, a
+harness check whose figures mean nothing: d = 32, 1 layer, 8 x 16 tokens, 2 steps, 3 trials).
 
 Three loops train the same model (same configuration, initial parameters and batches) in
 one process, interleaved trial by trial in a rotating order, after warm-up; each reports
@@ -85,7 +86,11 @@ def main(argv=None) -> int:
     parser.add_argument("--trials", type=int, default=13)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.d_model, args.layers, args.batch, args.seq = 32, 1, 8, 16
+        args.steps, args.trials, args.warmup = 2, 3, 1
 
     config = get_config(
         "small",

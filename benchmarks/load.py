@@ -14,7 +14,9 @@ that nothing was lost (the stand-ins' token count against the leader's books, ev
 in one round) and ends with the figures.
 
 Run: ``.venv/bin/python benchmarks/load.py`` (``--model small``, 3.3M parameters, by
-default; ``--model tiny --pushes 64`` for a quick run).
+default; ``--model tiny --pushes 64`` for a quick run; ``--tiny``: 4 stand-ins in 2
+processes, 2 followers, the tiny model, 16 pushes, a harness check whose figures mean
+nothing).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ def main() -> None:
         help="the leader (and the probe) on a core of their own, the rest on the others",
     )
     parser.add_argument("--nice", type=int, default=0, help="niceness of all but the leader")
+    parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     args = parser.parse_args()
+    if args.tiny:
+        args.learners, args.followers, args.model, args.pushes, args.groups = 4, 2, "tiny", 16, 2
 
     from dipsjax.runtime.run import make_spec
     from dipsjax.runtime.standin import launch_load

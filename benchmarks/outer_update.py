@@ -9,6 +9,7 @@ touch at minimum: read K deltas, params and momentum, write params and momentum,
 headline is the ratio of rates.
 
 Run: ``.venv/bin/python benchmarks/outer_update.py [--params 100e6] [--learners 4]``
+(``--tiny``: 1M parameters, 3 repeats, a harness check whose figures mean nothing).
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def main() -> None:
     parser.add_argument("--learners", type=int, default=4)
     parser.add_argument("--tensors", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--tiny", action="store_true", help="1M parameters, 3 repeats")
     args = parser.parse_args()
+    if args.tiny:
+        args.params, args.repeats = 1e6, 3
     n_total, k = int(args.params), args.learners
     per = n_total // args.tensors
     n_total = per * args.tensors

@@ -20,7 +20,7 @@ host, so they take turns at their outer-step computations (``compute_in_turns``)
 update phase is both followers' norms, merge and apply one after the other.
 
 Run: ``.venv/bin/python benchmarks/round_1b.py`` (a few minutes; ``--model small`` to try
-the harness quickly).
+the harness quickly, ``--tiny`` (the tiny model) to check it in seconds).
 """
 
 from __future__ import annotations
@@ -153,7 +153,10 @@ def main() -> None:
     parser.add_argument("--model", default="llama3.2-1b")
     parser.add_argument("--max-gb", type=float, default=23.2, help="GiB; stop above it")
     parser.add_argument("--stand-in", nargs=2, metavar=("SPEC", "J"), help=argparse.SUPPRESS)
+    parser.add_argument("--tiny", action="store_true", help="the tiny model: a harness check")
     args = parser.parse_args()
+    if args.tiny:
+        args.model = "tiny"
     if args.stand_in:
         stand_in(args.stand_in[0], int(args.stand_in[1]))
         return

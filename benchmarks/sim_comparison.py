@@ -9,7 +9,9 @@
    BF16 payload on the wire.
 
 Both runs train the tiny model for real on Austen; only the clock is simulated.
-Run: ``.venv/bin/python benchmarks/sim_comparison.py [--quick]``
+Run: ``.venv/bin/python benchmarks/sim_comparison.py [--quick]`` (``--tiny`` checks the
+harness only: one round per learner, eta = 200 alone, 4 learners and H = 4 in the weak
+scaling, a compilation cache; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -23,12 +25,20 @@ from dipsjax.sim.simulator import SimConfig, simulate
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer tokens, 8 learners")
+    parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     parser.add_argument("--only", choices=("eta", "weak"), default=None)
     args = parser.parse_args()
+    if args.tiny:  # every Engine compiles its programs again: load them from a cache
+        import tempfile
+
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="dipsjax-sim-"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     t0 = time.perf_counter()
     ratios = {}
-    for eta in () if args.only == "weak" else (50, 100, 200):
-        budget = 4 * 16 * 512 * (4 if args.quick else 8)
+    for eta in () if args.only == "weak" else (200,) if args.tiny else (50, 100, 200):
+        budget = 4 * 16 * 512 * (1 if args.tiny else 4 if args.quick else 8)
         sync = simulate(SimConfig(method="sync_diloco", eta=eta, token_budget=budget))
         dips = simulate(SimConfig(method="dips", eta=eta, token_budget=budget))
         ratios[eta] = dips.tokens_per_second / sync.tokens_per_second
@@ -39,15 +49,16 @@ def main() -> None:
             flush=True,
         )
 
-    m = 8 if args.quick else 16
+    m = 4 if args.tiny else 8 if args.quick else 16
+    h = 4 if args.tiny else 64
     speeds = tuple(1.0 if j < 8 else 1.0 + 0.25 * (j - 7) for j in range(m))
     common = dict(
         learners=m,
         speeds=speeds,
         bandwidth_gbps=(1.0,) + (10.0,) * (m - 1),
-        inner_steps=64,
+        inner_steps=h,
         step_time=3.0,
-        token_budget=m * 64 * 512 * 4,
+        token_budget=m * h * 512 * (1 if args.tiny else 4),
         eval_every=100,
     )
     eff = {}

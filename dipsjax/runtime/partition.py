@@ -95,6 +95,10 @@ class Compute:
     def __init__(self, learner: Any, reference: str, partition: Partition) -> None:
         self.learner, self.reference, self.partition = learner, reference, partition
         self.calls = 0  # calls made (process 0) or served (the others)
+        # The parameters the learner started from (set by the warm-up), until it takes a
+        # global version: the base of a server-reference round that has none (a solo
+        # learner's, ``LearnerNode.solo``: it never pulls, so it is still on its start).
+        self.start: Any = None
 
     # -- what process 0 calls ----------------------------------------------------------
 
@@ -136,7 +140,13 @@ class Compute:
         return _host(self.learner.params_dict(), self.partition.spread)
 
     def _round(self, batches: list, num_steps: int, base: Any) -> tuple[Any, dict]:
-        """A round of inner steps and its pseudo-gradient, on the host."""
+        """A round of inner steps and its pseudo-gradient, on the host. ``base`` is the version
+        the round is measured against (server reference); ``None`` before the learner ever
+        took a version (a solo learner), which then measures against where it started."""
+        if base is None and self.reference == "server":
+            if self.start is None:
+                raise ValueError("a server-reference round needs the version it started from")
+            base = self.start
         contrib = self.learner.run_round(batches, num_steps=num_steps, reference="start")
         delta = pseudo_gradient(self.reference, contrib, self.learner, base)
         delta = _host(delta, self.partition.spread)
@@ -145,7 +155,7 @@ class Compute:
     def _take(self, params: Any, version: int, first: bool, base: Any) -> None:
         """Starts from a global version: ``params``, or (``base`` given: ``adopt='delta'``)
         the learner's own plus the global change since ``base``."""
-        own = params
+        own, self.start = params, None
         if base is not None:
             own = add_global_change(self.learner.params_dict(), params, base)
         self.learner.pull(own, version=version, reset_optimizer=first)
@@ -167,3 +177,4 @@ class Compute:
             jax.block_until_ready(add_global_change(delta, init, init))
             self.learner.pull(init, version=0, reset_optimizer=True)
         self.learner.steps_done = self.learner.tokens_done = 0
+        self.start = init

@@ -1,0 +1,214 @@
+"""Every script in ``benchmarks/`` runs in its tiny form, so that none rots unseen.
+
+Each runs as its own process (``sys.executable``, from the repository root) and must end
+with the ``name: value (goal: ...)`` lines it promises, each value a finite number. The
+tiny forms check the harness, not the figures (they are too small and the machine too
+shared for those to mean anything), except where a figure is exact (counts, a
+deterministic ablation).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE = re.compile(r"^([a-z0-9_]+): (\S+) \((?:[^)]*; )?goal: .*\)$")  # ...; goal: ...
+
+
+def run_benchmark(name: str, *args: str, timeout: float, tmp_path: Path) -> dict[str, float]:
+    """Runs ``benchmarks/NAME.py ARGS`` and returns the figures its output ends with."""
+    # As a user runs it: without the 8 host devices tests/conftest.py forces on this process.
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f]
+    env = dict(
+        os.environ,
+        XLA_FLAGS=" ".join(flags),
+        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        JAX_PLATFORMS="cpu",
+        TMPDIR=str(tmp_path),  # the run directories the scripts make go with the test
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{out[-4000:]}"
+    lines = proc.stdout.strip().splitlines()
+    figures: dict[str, float] = {}
+    for line in reversed(lines):  # the trailing block of figure lines
+        match = FIGURE.match(line)
+        if not match:
+            break
+        figures[match[1]] = float(match[2])
+    assert figures, f"{name} ends with no 'name: value (goal: ...)' line:\n{out[-4000:]}"
+    for key, value in figures.items():
+        assert math.isfinite(value), f"{name}: {key} = {value}"
+    return figures
+
+
+def expect(figures: dict[str, float], names: list[str]) -> None:
+    assert sorted(figures) == sorted(names), figures
+
+
+def test_solo_server_reference_round_measures_against_its_start():
+    # LearnerNode.solo (system.py's baseline) asks for a round with base=None; with the
+    # server reference (Di-PS) that crashed in pseudo_gradient. A learner that never took a
+    # version measures against the parameters it started from (here: its only round's start).
+    import jax
+    import numpy as np
+
+    from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
+    from dipsjax.model.configs import get_config
+    from dipsjax.runtime.partition import Compute, Partition
+
+    learner = Learner(
+        get_config("tiny"),
+        InnerOptimizerConfig(learning_rate=1e-2, weight_decay=0.0),
+        mesh=make_partition_mesh(),
+        learner_id=0,
+        seed=0,
+        donate=False,
+    )
+    compute = Compute(learner, "server", Partition())
+    with pytest.raises(ValueError, match="version it started from"):
+        compute.call("round", [np.zeros((8, 17), np.int32)] * 2, 2, None)
+    compute.call("warm_up", (8, 17), 2)
+    start = jax.device_get(learner.params_dict())
+    batches = [np.random.default_rng(i).integers(0, 256, (8, 17), np.int32) for i in range(2)]
+    _, delta = compute.call("round", batches, 2, None)
+    end = jax.device_get(learner.params_dict())
+    for s, e, d in zip(*(jax.tree.leaves(t) for t in (start, end, delta)), strict=True):
+        np.testing.assert_allclose(d, np.asarray(s, np.float32) - e, rtol=1e-6, atol=1e-7)
+    assert any(np.abs(d).max() > 0 for d in jax.tree.leaves(delta))
+    compute.call("take", start, 1, False, None)  # a version taken: base is needed again
+    with pytest.raises(ValueError, match="version it started from"):
+        compute.call("round", batches, 2, None)
+
+
+def test_anomaly_ablation(tmp_path):
+    # Already small (3 streams x 5 rules x 400 rounds of NumPy): it runs whole, and its
+    # figures are deterministic, so they are checked as the README quotes them.
+    fig = run_benchmark("anomaly_ablation", timeout=120, tmp_path=tmp_path)
+    expect(
+        fig,
+        [
+            f"anomaly_{k}_{r}"
+            for k in ("outliers_rejected", "false_rejections")
+            for r in ("ours", "paper")
+        ],
+    )
+    assert fig["anomaly_outliers_rejected_ours"] == 1.0
+    assert fig["anomaly_false_rejections_ours"] == 0.0
+    assert fig["anomaly_outliers_rejected_paper"] == 0.0
+
+
+def test_goodput(tmp_path):
+    # Already small (a Monte-Carlo timed in well under a second): it runs whole.
+    fig = run_benchmark("goodput", timeout=120, tmp_path=tmp_path)
+    expect(fig, ["goodput_1p2m_30d_seconds"])
+    assert fig["goodput_1p2m_30d_seconds"] > 0
+
+
+def test_outer_update_tiny(tmp_path):
+    fig = run_benchmark("outer_update", "--tiny", timeout=120, tmp_path=tmp_path)
+    expect(fig, ["outer_update_ms", "outer_update_bandwidth_ratio"])
+    assert fig["outer_update_ms"] > 0 and fig["outer_update_bandwidth_ratio"] > 0
+
+
+def test_learner_step_tiny(tmp_path):
+    fig = run_benchmark("learner_step", "--tiny", timeout=180, tmp_path=tmp_path)
+    expect(fig, ["learner_step_ratio", "learner_round_ratio"])
+    assert all(v > 0 for v in fig.values())
+
+
+def test_dataplane_tiny(tmp_path):
+    fig = run_benchmark("dataplane", "--tiny", timeout=180, tmp_path=tmp_path)
+    expect(fig, ["dataplane_push_pull_ratio", "dataplane_tls_ratio"])
+    assert all(v > 0 for v in fig.values())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_control_plane_tiny(tmp_path):
+    fig = run_benchmark("control_plane", "--tiny", timeout=300, tmp_path=tmp_path)
+    expect(fig, ["control_decision_p99_ms_saturated", "control_heartbeat_p99_ms_saturated"])
+    assert all(v > 0 for v in fig.values())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_load_tiny(tmp_path):
+    fig = run_benchmark("load", "--tiny", timeout=400, tmp_path=tmp_path)
+    expect(
+        fig,
+        [
+            "control_plane_p99_ms_idle",
+            "control_plane_p99_ms_saturated",
+            "load_tokens_lost",
+            "load_pushes_outside_a_round",
+        ],
+    )
+    # Exact even in the tiny form: nothing lost, every push in a round.
+    assert fig["load_tokens_lost"] == 0
+    assert fig["load_pushes_outside_a_round"] == 0
+    assert fig["control_plane_p99_ms_idle"] > 0 and fig["control_plane_p99_ms_saturated"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_round_1b_tiny(tmp_path):
+    fig = run_benchmark("round_1b", "--tiny", timeout=400, tmp_path=tmp_path)
+    expect(
+        fig,
+        ["round_1b_peak_resident_gib", "round_1b_push_s", "round_1b_update_s", "round_1b_pull_s"],
+    )
+    assert fig["round_1b_peak_resident_gib"] > 0
+    assert all(fig[f"round_1b_{p}_s"] >= 0 for p in ("push", "update", "pull"))
+
+
+@pytest.mark.slow
+def test_sim_comparison_tiny(tmp_path):
+    fig = run_benchmark("sim_comparison", "--tiny", timeout=400, tmp_path=tmp_path)
+    expect(
+        fig,
+        [
+            "dips_vs_sync_throughput_eta200",
+            "weak_scaling_efficiency_dips_4",
+            "weak_scaling_efficiency_sync_diloco_4",
+        ],
+    )
+    assert fig["dips_vs_sync_throughput_eta200"] > 0
+    # Aggregate over ideal throughput: a share.
+    assert all(0 < fig[f"weak_scaling_efficiency_{m}_4"] <= 1 for m in ("dips", "sync_diloco"))
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_system_tiny(tmp_path):
+    # Its solo learners (the baseline) crashed in pseudo_gradient with base=None.
+    fig = run_benchmark("system", "--tiny", timeout=500, tmp_path=tmp_path)
+    expect(fig, ["system_tokens_ratio_waiting", "system_tokens_ratio_overlap"])
+    assert all(v > 0 for v in fig.values())
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_recovery_tiny(tmp_path):
+    # One role: every role is a whole run (minutes on 2 shared cores); the others differ
+    # only in what the script watches for (``--roles learner leader`` runs them).
+    fig = run_benchmark("recovery", "--tiny", "--roles", "follower", timeout=500, tmp_path=tmp_path)
+    roles = ("follower",)
+    expect(fig, [f"recovery_{r}_{k}_s" for r in roles for k in ("detect", "recover")])
+    for r in roles:  # detected before (or as) it recovered, both after the kill
+        assert 0 <= fig[f"recovery_{r}_detect_s"] <= fig[f"recovery_{r}_recover_s"]

@@ -568,7 +568,13 @@ class LearnerNode:
     def restore(self, c: m.Restore) -> None:
         """Restores the checkpoint the protocol chose (``None``: none: start afresh on the
         chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``."""
-        record: dict[str, Any] = {"step": c.step, "leases": list(c.regrant)}
+        record: dict[str, Any] = {
+            "step": c.step,
+            "version": c.version,
+            "leases": list(c.regrant),
+            "last_round": c.last_round,
+            "last_outcome": c.last_outcome,
+        }
         if c.step is None:  # stopped before its first round: start afresh, on its leases
             self.regrant = list(c.regrant)
             record["regrant"] = self.regrant

@@ -234,7 +234,7 @@ class LearnerProtocol:
             self._started_round = (
                 self.rounds if step is not None and step == start_step(self.rounds) else -1
             )
-            out.append(Restore(step, tuple(a.leases)))
+            out.append(Restore(step, tuple(a.leases), a.version, a.last_round, a.last_outcome))
         return [*out, Pull(a.version, first=not self.resume)]
 
     def _on_PushShards(self, a: PushShards, now: float) -> list[Command]:

@@ -455,10 +455,15 @@ class Save(Command):
 @dataclasses.dataclass(frozen=True)
 class Restore(Command):
     """Restore the learner's checkpoint ``step`` (``None``: none, start afresh) and first
-    train the chunks still leased to it, in this order (``regrant``)."""
+    train the chunks still leased to it, in this order (``regrant``). The rest is what the
+    leader's ``SendModel`` said (the version it resumes at, how its last push ended), for
+    the record."""
 
     step: int | None
     regrant: tuple[int, ...] = ()
+    version: int = -1
+    last_round: int = -1
+    last_outcome: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,7 +187,10 @@ def test_resume_restores_the_newest_checkpoint():
     p = LearnerProtocol(J, checkpoints=True, saved=saved)
     assert p.start(0.0, resume=True) == [m.Send(m.Join(0.0, J, 0, True, ""))]
     send = m.SendModel(J, 9, leases=(11, 12), last_round=4, last_outcome="applied")
-    assert p.on_action(send, 1.0) == [m.Restore(3, (11, 12)), m.Pull(9, first=False)]
+    assert p.on_action(send, 1.0) == [
+        m.Restore(3, (11, 12), 9, 4, "applied"),
+        m.Pull(9, first=False),
+    ]
     assert p.rounds == 2
     # It tells the leader how many rounds its restored state trained (replay needs it).
     assert p.on_pulled(9, 2.0) == [
@@ -202,7 +205,7 @@ def test_resume_after_a_lost_push_goes_back_to_that_rounds_start():
     p = LearnerProtocol(J, checkpoints=True, saved=saved)
     p.start(0.0, resume=True)
     send = m.SendModel(J, 9, leases=(11,), last_round=4, last_outcome="lost")
-    assert p.on_action(send, 1.0) == [m.Restore(2, (11,)), m.Pull(9, first=False)]
+    assert p.on_action(send, 1.0) == [m.Restore(2, (11,), 9, 4, "lost"), m.Pull(9, first=False)]
     assert [c.step for c in p.saved] == [1, 2]  # what came after is dropped
     # Its start is checkpointed already: it trains the round again without saving.
     assert p.on_pulled(9, 2.0) == [m.Send(m.PullDone(2.0, J, 9, 1)), m.Train()]
@@ -212,7 +215,7 @@ def test_resume_without_checkpoints_starts_afresh_on_its_leases():
     p = LearnerProtocol(J, checkpoints=True)
     p.start(0.0, resume=True)
     send = m.SendModel(J, 9, leases=(5,), last_round=-1, last_outcome="")
-    assert p.on_action(send, 1.0) == [m.Restore(None, (5,)), m.Pull(9, first=False)]
+    assert p.on_action(send, 1.0) == [m.Restore(None, (5,), 9), m.Pull(9, first=False)]
     assert p.on_pulled(9, 2.0)[0] == m.Send(m.PullDone(2.0, J, 9, 0))
 
 

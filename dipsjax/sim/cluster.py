@@ -80,6 +80,8 @@ class LocalCluster:
         self.refused = 0  # pushes a follower refused (a round that ended meanwhile)
         self.exits: dict[int, m.Exit] = {}  # followers told to end (Stop)
         self.hung_until = [float("-inf")] * len(followers)
+        self.deaf_until = [float("-inf")] * len(followers)
+        self.lost_actions = 0  # actions sent into a follower's broken control stream
 
     # -- the leader ------------------------------------------------------------------
 
@@ -105,6 +107,9 @@ class LocalCluster:
                     self.phases["update"] += self.world.cfg.update_seconds
                 for k in range(len(self.followers)):
                     if isinstance(a, m.Rejoin) and a.follower != k:
+                        continue
+                    if t < self.deaf_until[k]:  # sent into its broken stream: lost
+                        self.lost_actions += 1
                         continue
                     if t < self.hung_until[k]:  # it takes its actions, in order, once awake
                         self.clock.at(self.hung_until[k], self._follower_handles, k, a)
@@ -139,7 +144,9 @@ class LocalCluster:
 
     def leader_lost(self, k: int, t: float) -> None:
         """Follower ``k``'s control stream breaks at ``t`` (the leader stays up): the
-        follower says it was lost and joins again."""
+        follower says it was lost and joins again; actions sent to it before its word
+        reaches the leader went into the broken stream and are lost."""
+        self.deaf_until[k] = t + 2 * self.world.cfg.latency
         self.follower_commands(k, self.followers[k].leader_lost(t), t)
 
     def hang(self, k: int, until: float) -> None:

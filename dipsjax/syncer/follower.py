@@ -471,6 +471,27 @@ class Follower:
         )
 
 
+def resume_step(steps: Sequence[int], resume: int) -> int | None:
+    """The checkpoint step a follower started with ``--resume`` restores, or ``None``: start
+    from version 0, the initial shard. ``resume``: a version, or ``-1`` for the newest
+    (``latest``: the launcher's restart after a crash).
+
+    With no checkpoint on disk (killed before its first one, during compilation) the
+    newest is version 0: the leader counts a step only once the follower checkpointed it,
+    so a run cannot have applied a version this follower never saved. Version 0 is the
+    initial shard, so ``resume=0`` needs no checkpoint either (a step 1 beside it was
+    written mid-update, of a version the leader never counted). Raises
+    ``FileNotFoundError`` for another version that is not on disk."""
+    steps = sorted(steps)
+    if resume < 0:
+        return steps[-1] if steps else None
+    if resume in steps:
+        return resume
+    if resume == 0 and all(s <= 1 for s in steps):
+        return None
+    raise FileNotFoundError(f"no checkpoint of version {resume} (has {steps})")
+
+
 def warm_up(shard: Any, tx: Any, capacity: int, reference: str, wire_dtype: Any) -> None:
     """Compiles every program of an outer step for this shard and capacity before a run
     needs them, by running rounds of zeros on a scratch follower: norms, merge and apply

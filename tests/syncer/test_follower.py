@@ -541,3 +541,22 @@ def test_a_round_it_dropped_gets_no_second_word():
         _joined(4.0),
     ]
     assert f.handle(L.RequestNorms(1, (0,), (0,)), 5.0) == []
+
+
+def test_resume_latest_without_a_checkpoint_starts_at_version_zero():
+    """Bug (issue 17 item 2): a follower killed before its first checkpoint (during the
+    learners' compilation) restarted with ``--resume latest``, found none, crashed ("no
+    checkpoint with any step") three times and the run failed; ``--resume`` of a run
+    stopped during compilation (version 0) failed the same way."""
+    from dipsjax.syncer.follower import resume_step
+
+    assert resume_step([], -1) is None  # latest, none on disk: version 0
+    assert resume_step([], 0) is None
+    assert resume_step([3, 1, 2], -1) == 3
+    assert resume_step([1, 2, 3], 2) == 2
+    assert resume_step([1], 0) is None  # version 1 was saved mid-update, never counted
+    assert resume_step([0, 1], 0) == 0
+    with pytest.raises(FileNotFoundError, match="no checkpoint of version 4"):
+        resume_step([1, 2], 4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint of version 0"):
+        resume_step([2, 3], 0)  # checkpoints of a run past version 0: not this run's state

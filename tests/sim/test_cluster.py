@@ -134,6 +134,9 @@ def test_a_follower_whose_stream_breaks_mid_round_has_the_round_discarded_then_r
     _run(cluster, 5.0)
     assert _outcomes(cluster) == [("discarded", 0)]
     assert cluster.leader.followers_up == {0: True, 1: True}
+    assert cluster.lost_actions == 1  # the Decide, sent into the broken stream
+    follower_1 = [r["event"] for r in cluster.leader.tape.records if r.get("follower") == 1]
+    assert follower_1 == ["lost", "joined"]  # one word each: nothing more came of the Decide
     assert [f.version for f in cluster.followers] == [0, 0] and cluster.saves == 0
     assert learners.pulled == {0: [0, 0], 1: [0, 0]}
     learners.push(6.0, 0, 0)

@@ -1,27 +1,29 @@
 """A follower process: its shard of the model and FP32 outer state, a data-plane server for
 pushes and pulls, and a control client that carries out the leader's decisions.
 
-The numerics are :class:`dipsjax.syncer.Follower`'s (the simulator's, unchanged); this
-module only moves bytes and messages: pushes arrive on the data plane (whole, checked) and
-are staged; ``RequestNorms`` / ``Decide`` / ``Apply`` / ``Discard`` arrive on the ``Watch``
-stream and are answered with ``FollowerNorms`` / ``FollowerMerged`` / ``FollowerApplied``.
-Pulls are served from version snapshots while the next round's pushes arrive.
+A driver of :meth:`dipsjax.syncer.Follower.handle` (the follower's protocol, the one the
+simulator runs): pushes arrive on the data plane (whole, checked) and are staged; the
+leader's actions arrive on the ``Watch`` stream, go to the core, and the commands that come
+back are carried out in order: ``Save`` (orbax, on disk before the next command), ``Send``
+(the control client), ``Exit``. It decides nothing. Pulls are served from version
+snapshots while the next round's pushes arrive.
 
 Checkpoints: after every outer step the :class:`~dipsjax.syncer.follower.FollowerState`
-(version, shard, outer state) is saved with orbax (written by orbax's background thread;
-the follower reports the step applied once it is on disk, so a follower killed at any
-moment comes back at the leader's version) to
-``RUN_DIR/follower{k}/ckpt/{version}`` (the 3 newest kept). ``--resume V`` restarts from
-the checkpoint of version ``V`` (the leader's version, which the launcher reads from the
-leader's snapshot: a follower stopped mid-update may have saved one version more). SIGTERM
-exits cleanly, after the writes in flight.
+(version, shard, outer state) is saved with orbax to ``RUN_DIR/follower{k}/ckpt/{version}``
+(the 3 newest kept) before the step is reported (the core's ordering rule: a follower
+killed at any moment comes back at the leader's version, or one more mid-update; one whose
+save fails exits non-zero without reporting). ``--resume V`` restarts from the checkpoint
+of version ``V`` (the leader's version, which the launcher reads from the leader's
+snapshot); ``--resume latest`` from the newest one, or, with none on disk (killed before
+its first checkpoint, during compilation), from version 0
+(:func:`~dipsjax.syncer.follower.resume_step`). SIGTERM exits cleanly, after the writes in
+flight.
 
 Faults: a heartbeat thread tells the leader the follower is alive (one silent for 3
-intervals is lost and the round that needs it discarded whole). ``--resume latest``
-restarts from the newest checkpoint (the launcher's restart after a crash, on the same
-port): the follower first reports itself lost, then joins at its version. When the leader
-dies, the follower keeps its state, forgets staged shards of unfinished rounds, and joins
-the restarted leader at its version.
+intervals is lost and the round that needs it discarded whole). A restarted follower first
+reports itself lost, then joins at its version. When its control stream breaks (the leader
+died, or only the stream did), the core says it was lost and joins again, keeping a round
+it was applying; the driver sends that once the leader is back.
 
 Run: ``python -m dipsjax.runtime.follower RUN_DIR/spec.json K [--resume V|latest]``.
 """
@@ -53,7 +55,7 @@ from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.follower import Follower, PushRefused, warm_up
+from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
 from dipsjax.transport.dataplane import DataPlaneServer
 
 
@@ -84,14 +86,21 @@ class FollowerNode:
         tx = method.make_tx()
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
         version, opt_state, ended = 0, None, []
-        if resume is not None:
+        step = None if resume is None else resume_step(self.ckpt.steps(), resume)
+        if step is not None:
             template = (shard, tx.init(shard))
-            step = None if resume < 0 else resume  # -1: the newest (a restart mid-run)
             (shard, opt_state), meta = self.ckpt.restore(template, step=step)
             version = int(meta["version"])
             ended = meta.get("ended", [])  # rounds over by then: their replays are refused
             self.ckpt.drop_after(version)  # a newer step is from a round never finished
             print(f"follower {k}: resumed at version {version}", flush=True)
+        elif resume is not None:
+            self.ckpt.drop_after(-1)  # steps of versions the leader never counted
+            print(
+                f"follower {k}: no checkpoint to resume from in {self.ckpt.directory}: "
+                "starting at version 0",
+                flush=True,
+            )
         self.follower = Follower(
             k,
             shard,
@@ -106,7 +115,7 @@ class FollowerNode:
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
             warm_up(shard, tx, spec.sim.learners, method.reference, wire)
-        if resume is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
+        if step is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state
             self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
         self.lock = threading.Lock()
@@ -129,6 +138,8 @@ class FollowerNode:
         )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
+        self.follower.address = self.address
+        self.exit_code = 0
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
@@ -177,60 +188,74 @@ class FollowerNode:
             raise SystemExit(0)
 
     def handle(self, action: m.Action) -> bool:
-        """Carries out one decision; returns False on Stop."""
-        f, k = self.follower, self.k
-        after = None
+        """Hands one action to the core and carries out its commands; False on ``Exit``."""
+        if isinstance(action, m.Apply):
+            time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
         with self.lock:
-            if isinstance(action, m.RequestNorms):
-                if not f.holds(action.round_id, action.learners):
-                    # Shards this process never received (it restarted, or the leader did):
-                    # the leader discards that round (the follower was lost); say nothing.
-                    print(f"follower {k}: no shards of round {action.round_id}", flush=True)
-                    return True
-                with self._turn():
-                    g = f.partial_norms(action.round_id, action.learners, action.base_versions)
-                reply: m.Event | None = m.FollowerNorms(
-                    0.0, k, action.round_id, tuple(float(x) for x in g)
-                )
-            elif isinstance(action, m.Decide):
-                if not f.holds(action.round_id):
-                    print(f"follower {k}: no batch of round {action.round_id}", flush=True)
-                    return True
-                with self._turn():
-                    merged = f.merged_partial(action)
-                reply = m.FollowerMerged(0.0, k, action.round_id, merged)
-            elif isinstance(action, m.Apply):
-                time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
-                with self._turn():
-                    t0 = time.perf_counter()
-                    d = f.decisions[action.round_id]
-                    v = f.apply(d, action)
-                    apply_s = time.perf_counter() - t0
-                if self.spec.checkpoints:
-                    # On disk before the leader hears of it: a follower killed at any moment
-                    # restarts at the leader's version (or, mid-update, at the one before).
-                    st = f.state
-                    meta = {"version": v, "ended": f.ended_rounds()}
-                    self.ckpt.save(v, (st.params, st.opt_state), meta)
-                    self.ckpt.wait()
-                reply = m.FollowerApplied(0.0, k, action.round_id, v)
-                after = functools.partial(self._after_apply, d, action, v, apply_s)
-            elif isinstance(action, m.Discard):
-                f.discard(action.round_id)
-                reply = None
-            elif isinstance(action, m.Rejoin):  # woken from a hang, found lost meanwhile
-                print(f"follower {k}: {action.reason}: joining again", flush=True)
-                f.discard_all()  # the rounds in flight were discarded without it
-                reply = m.FollowerJoined(0.0, k, f.version, min(f.cached_versions()), self.address)
-            elif isinstance(action, m.Stop):
+            compute = isinstance(action, m.RequestNorms | m.Decide | m.Apply)
+            with self._turn() if compute else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                commands = self.follower.handle(action, time.monotonic())
+                seconds = time.perf_counter() - t0
+        for c in commands:
+            if isinstance(c, m.Send) and isinstance(c.event, m.FollowerLost):
+                print(f"follower {self.k}: {c.event.reason}: joining again", flush=True)
+        return self.carry_out(commands, seconds)
+
+    def carry_out(self, commands: list[m.Command], apply_s: float = 0.0) -> bool:
+        """Carries out the core's commands in order: ``Save`` (on disk before the next
+        command: a failed one raises and nothing after it is sent), ``Send``, ``Exit``
+        (returns False). The bookkeeping of an outer step comes after its report."""
+        after = None
+        for c in commands:
+            if isinstance(c, m.Save):
+                self._save_version(c.version)
+                d, a = self.follower.last_applied
+                after = functools.partial(self._after_apply, d, a, c.version, apply_s)
+            elif isinstance(c, m.Send):
+                self.control.call(c.event)
+            elif isinstance(c, m.Exit):
+                self.exit_code = int(c.code)
+                print(f"follower {self.k}: {c.reason}", flush=True)
                 return False
-            else:
-                reply = None
-        if reply is not None:
-            self.control.call(reply)
         if after is not None:
             after()
         return True
+
+    def _save_version(self, version: int) -> None:
+        """The shard, outer state and ended rounds of ``version``, on disk on return (orbax
+        writes in its thread; this waits). A save that fails ends the process non-zero
+        before the step is reported: the leader never counts a step not on disk."""
+        if not self.spec.checkpoints:
+            return
+        st = self.follower.state
+        if st.version != version:
+            raise RuntimeError(f"follower {self.k}: asked to save {version} at {st.version}")
+        meta = {"version": version, "ended": self.follower.ended_rounds()}
+        try:
+            self.ckpt.save(version, (st.params, st.opt_state), meta)
+            self.ckpt.wait()
+        except Exception as e:
+            raise SystemExit(
+                f"follower {self.k}: checkpoint of version {version} failed, "
+                f"not reporting it: {e!r}"
+            ) from e
+
+    def _send_until_up(self, commands: list[m.Command]) -> None:
+        """Sends the core's join commands, waiting for a leader that may be restarting
+        too: a failed send is retried (not the ones before it) until it goes through."""
+        pending = list(commands)
+        while pending:
+            c = pending[0]
+            try:
+                if isinstance(c, m.Send):
+                    self.control.call(c.event)
+            except grpc.RpcError:
+                if self.terminating:
+                    raise SystemExit(0) from None
+                time.sleep(0.5)
+                continue
+            pending.pop(0)
 
     def _after_apply(self, d: m.Decide, a: m.Apply, v: int, apply_s: float) -> None:
         """Bookkeeping of an outer step, done once the leader has the reply so that it is
@@ -292,27 +317,6 @@ class FollowerNode:
             with contextlib.suppress(Exception):  # a missed beat is the leader's to judge
                 self.control.call(m.FollowerHeartbeat(0.0, self.k), timeout=5.0)
 
-    def _join(self) -> None:
-        """Tells the leader this follower serves its version. Restarted mid-run, it first
-        says it was lost: the round in flight needs shards this process never received,
-        and is discarded whole (never half applied) unless heartbeats already did that."""
-        while True:  # the leader may be restarting too: wait for it
-            try:
-                if self.restarted:
-                    self.control.call(m.FollowerLost(0.0, self.k, "restarted"))
-                # A first heartbeat before it is up: the leader watches it from now on (a
-                # hang right after joining, before the heartbeat thread's first beat, was
-                # never found).
-                self.control.call(m.FollowerHeartbeat(0.0, self.k))
-                f = self.follower
-                oldest = min(f.cached_versions())
-                self.control.call(m.FollowerJoined(0.0, self.k, f.version, oldest, self.address))
-                return
-            except grpc.RpcError:
-                if self.terminating:
-                    raise SystemExit(0) from None
-                time.sleep(0.5)
-
     def _serve(self) -> bool:
         """Carries out the leader's actions until Stop or SIGTERM (True), or until the
         control stream breaks (False: the leader died; it will be back on its port)."""
@@ -333,15 +337,16 @@ class FollowerNode:
         return True
 
     def run(self) -> None:
-        self._join()
+        with self.lock:
+            commands = self.follower.start(time.monotonic(), self.restarted)
+        self._send_until_up(commands)
         threading.Thread(target=self._heartbeats, daemon=True).start()
         try:
-            while not self._serve():  # the leader went away: join it again once it is back
+            while not self._serve():  # the stream broke: say so, join again once it is back
                 print(f"follower {self.k}: control plane lost; rejoining", flush=True)
                 with self.lock:
-                    self.follower.discard_all()  # a resumed leader starts its rounds afresh
-                self.restarted = False
-                self._join()
+                    commands = self.follower.leader_lost(time.monotonic())
+                self._send_until_up(commands)
             if self.spec.checkpoints:
                 with self.lock:
                     self.save("final")
@@ -386,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     node = FollowerNode(RunSpec.read(args.spec), args.index, resume, args.init, args.port)
     signal.signal(signal.SIGTERM, node.on_term)  # exits through the finally blocks
     node.run()
-    return 0
+    return node.exit_code
 
 
 if __name__ == "__main__":

@@ -2,10 +2,11 @@
 
 :class:`LocalCluster` is the reference driver of the sans-IO core (what aioquic's tests do
 with two connections wired back to back): it hands events to :class:`dipsjax.syncer.Leader`,
-carries out the follower-side actions by calling :class:`dipsjax.syncer.Follower` methods,
-moves shard bytes by the leader's transfer plans, and passes learner-side actions to a
-*port* (the simulator's :class:`~dipsjax.sim.engine.Engine`; a test can plug its own). It
-decides nothing: every choice is the leader's. The network runtime must behave the same.
+hands the follower-side actions to each :meth:`dipsjax.syncer.Follower.handle` and carries
+out the commands it returns (as the runtime's follower process does), moves shard bytes by
+the leader's transfer plans, and passes learner-side actions to a *port* (the simulator's
+:class:`~dipsjax.sim.engine.Engine`; a test can plug its own). It decides nothing: every
+choice is the leader's or a follower's core. The network runtime must behave the same.
 
 Timing (virtual seconds):
 
@@ -13,11 +14,14 @@ Timing (virtual seconds):
   the learner's link and the follower's link are free (first come, first served), so
   learners pushing at once contend for followers;
 * each follower report reaches the leader ``2 * latency`` after the request;
-* an outer step takes ``update_seconds`` on every follower.
+* an outer step takes ``update_seconds`` on every follower;
+* faults are events: :meth:`LocalCluster.leader_lost` breaks a follower's control stream,
+  :meth:`LocalCluster.hang` stalls a follower.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from heapq import heappop, heappush
@@ -28,8 +32,10 @@ import jax
 from dipsjax import outer
 from dipsjax.sim.world import World
 from dipsjax.syncer import messages as m
-from dipsjax.syncer.follower import Follower
+from dipsjax.syncer.follower import Follower, PushRefused
 from dipsjax.syncer.leader import Leader
+
+TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard, m.Rejoin)
 
 
 class Clock:
@@ -70,6 +76,12 @@ class LocalCluster:
         self.follower_free = [0.0] * len(followers)
         self.comm_time = 0.0
         self.phases = {"push": 0.0, "update": 0.0}
+        self.saves = 0  # the followers' Save commands (checkpoints a runtime would write)
+        self.refused = 0  # pushes a follower refused (a round that ended meanwhile)
+        self.exits: dict[int, m.Exit] = {}  # followers told to end (Stop)
+        self.hung_until = [float("-inf")] * len(followers)
+        self.deaf_until = [float("-inf")] * len(followers)
+        self.lost_actions = 0  # actions sent into a follower's broken control stream
 
     # -- the leader ------------------------------------------------------------------
 
@@ -87,32 +99,60 @@ class LocalCluster:
         return None
 
     def execute(self, actions: list[m.Action], t: float) -> None:
-        lat = self.world.cfg.latency
         for a in actions:
             if isinstance(a, m.WakeAt):
                 self.clock.at(a.t, lambda t_: self.feed(m.Tick(t_)), a.t)
-            elif isinstance(a, m.RequestNorms):
-                for k, f in enumerate(self.followers):
-                    g = f.partial_norms(a.round_id, a.learners, a.base_versions)
-                    ev = m.FollowerNorms(t + 2 * lat, k, a.round_id, tuple(float(x) for x in g))
-                    self.clock.at(ev.t, self.feed, ev)
-            elif isinstance(a, m.Decide):
-                for k, f in enumerate(self.followers):
-                    ev = m.FollowerMerged(t + 2 * lat, k, a.round_id, f.merged_partial(a))
-                    self.clock.at(ev.t, self.feed, ev)
-            elif isinstance(a, m.Apply):
-                done = t + self.world.cfg.update_seconds
-                self.phases["update"] += self.world.cfg.update_seconds
-                for k, f in enumerate(self.followers):
-                    f.apply(f.decisions[a.round_id], a)
-                    self.clock.at(
-                        done, self.feed, m.FollowerApplied(done, k, a.round_id, a.version)
-                    )
-            elif isinstance(a, m.Discard):
-                for f in self.followers:
-                    f.discard(a.round_id)
+            elif isinstance(a, TO_FOLLOWERS):
+                if isinstance(a, m.Apply):
+                    self.phases["update"] += self.world.cfg.update_seconds
+                for k in range(len(self.followers)):
+                    if isinstance(a, m.Rejoin) and a.follower != k:
+                        continue
+                    if t < self.deaf_until[k]:  # sent into its broken stream: lost
+                        self.lost_actions += 1
+                        continue
+                    if t < self.hung_until[k]:  # it takes its actions, in order, once awake
+                        self.clock.at(self.hung_until[k], self._follower_handles, k, a)
+                    else:
+                        self._follower_handles(k, a, t)
             elif self.port is not None:
                 self.port.on_action(a, t)
+
+    def _follower_handles(self, k: int, action: m.Action, t: float | None = None) -> None:
+        t = self.clock.now if t is None else t
+        self.follower_commands(k, self.followers[k].handle(action, t), t)
+
+    def follower_commands(self, k: int, commands: list[m.Command], t: float) -> None:
+        """Carries out follower ``k``'s commands of time ``t``: each ``Send`` reaches the
+        leader ``2 * latency`` later (a ``FollowerApplied`` once the outer step's
+        ``update_seconds`` are over); a ``Save`` is counted (nothing to write here)."""
+        cfg = self.world.cfg
+        for c in commands:
+            if isinstance(c, m.Save):
+                self.saves += 1
+            elif isinstance(c, m.Send):
+                due = t + (
+                    cfg.update_seconds
+                    if isinstance(c.event, m.FollowerApplied)
+                    else 2 * cfg.latency
+                )
+                self.clock.at(due, self.feed, dataclasses.replace(c.event, t=due))
+            elif isinstance(c, m.Exit):
+                self.exits[k] = c
+
+    # -- faults (injected as events by a test or a fault schedule) ------------------
+
+    def leader_lost(self, k: int, t: float) -> None:
+        """Follower ``k``'s control stream breaks at ``t`` (the leader stays up): the
+        follower says it was lost and joins again; actions sent to it before its word
+        reaches the leader went into the broken stream and are lost."""
+        self.deaf_until[k] = t + 2 * self.world.cfg.latency
+        self.follower_commands(k, self.followers[k].leader_lost(t), t)
+
+    def hang(self, k: int, until: float) -> None:
+        """Follower ``k`` takes no action before ``until`` (a stalled process); then it
+        carries out the ones that came meanwhile, in order."""
+        self.hung_until[k] = max(self.hung_until[k], until)
 
     # -- the data plane --------------------------------------------------------------
 
@@ -122,15 +162,18 @@ class LocalCluster:
         t: float,
         take_payload: Callable[[], dict | None],
         incarnation: int = 0,
-        delivered: Callable[[float], None] | None = None,
+        delivered: Callable[[float, str | None], None] | None = None,
     ) -> None:
         """Runs a push by its plan; at the end the followers stage it and the leader hears.
 
         ``take_payload`` is asked at delivery time: ``None`` means the learner died on the
-        way, and nothing is delivered (no partial data enters a round). Once delivered,
-        ``delivered(t)`` is called (the learner's protocol reports the transfer done), or,
-        without it, the cluster tells the leader itself (``TransferDone`` of
-        ``incarnation``).
+        way, and nothing is delivered (no partial data enters a round). ``incarnation``: of
+        the pushing learner process (staged with its shards, and in its ``TransferDone``).
+        A follower refuses a push for a round that ended meanwhile (discarded after a
+        follower was lost): counted in ``refused``, as the data plane would. Once
+        delivered, ``delivered(t, refused)`` is called (the learner's protocol reports the
+        transfer done; ``refused``: the refusal's kind, or ``None``), or, without it, the
+        cluster tells the leader itself (``TransferDone``).
         """
         j, w = action.learner, self.world
         free = t + w.cfg.latency
@@ -145,10 +188,17 @@ class LocalCluster:
             payload = take_payload()
             if payload is None:
                 return
+            refused = None
             for f, part in zip(self.followers, w.split(payload), strict=True):
-                f.receive(action.round_id, j, part)
+                try:
+                    f.receive(action.round_id, j, part, incarnation)
+                except PushRefused as e:
+                    if e.kind not in ("replayed", "incarnation"):
+                        raise  # a shard that does not fit: a bug of the simulator
+                    self.refused += 1
+                    refused = e.kind
             if delivered is not None:
-                delivered(t_end)
+                delivered(t_end, refused)
             else:
                 self.feed(m.TransferDone(t_end, j, action.round_id, incarnation))
 

@@ -124,7 +124,9 @@ class Engine:
                     t,
                     lambda j=sl.j, i=inc: self._take_payload(j, i),
                     incarnation=inc,
-                    delivered=lambda t_end, sl=sl, r=c.plan.round_id: self._pushed(sl, r, t_end),
+                    delivered=lambda t_end, why, sl=sl, r=c.plan.round_id: self._pushed(
+                        sl, r, t_end, why
+                    ),
                 )
             elif isinstance(c, m.Pull):
                 self._pull(sl, t, c)
@@ -164,9 +166,13 @@ class Engine:
             t = self.clock.now
             self.carry_out(sl, sl.proto.on_trained(meta, t), t)
 
-    def _pushed(self, sl: SimLearner, round_id: int, t: float) -> None:
+    def _pushed(self, sl: SimLearner, round_id: int, t: float, refused: str | None) -> None:
         if sl.alive and self.learners[sl.j] is sl:
-            self.carry_out(sl, sl.proto.on_pushed(round_id, t), t)
+            if refused is None:
+                self.carry_out(sl, sl.proto.on_pushed(round_id, t), t)
+            else:  # a follower refused it (the round ended meanwhile): wait for its pull
+                done = sl.proto.on_pushed(round_id, t, failed=True, replayed=True)
+                self.carry_out(sl, done, t)
 
     def _take(self, sl: SimLearner, version: int, params: Any, first: bool) -> None:
         """Starts from a global version: its parameters, or, with ``adopt='delta'``, the

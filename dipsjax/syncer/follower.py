@@ -46,7 +46,26 @@ import numpy as np
 import optax
 
 from dipsjax import outer
-from dipsjax.syncer.messages import Apply, Decide
+from dipsjax.syncer.messages import (
+    Action,
+    Apply,
+    Command,
+    Decide,
+    Discard,
+    Exit,
+    ExitCode,
+    FollowerApplied,
+    FollowerHeartbeat,
+    FollowerJoined,
+    FollowerLost,
+    FollowerMerged,
+    FollowerNorms,
+    Rejoin,
+    RequestNorms,
+    Save,
+    Send,
+    Stop,
+)
 
 REFERENCES = ("start", "server")
 
@@ -111,7 +130,15 @@ class Follower:
         self._incarnations: dict[tuple[int, int], int] = {}  # of each staged shard
         # Rounds applied or discarded: a push for one is a replay.
         self._done: set[int] = {r for a, b in ended for r in range(int(a), int(b) + 1)}
-        self.decisions: dict[int, Decide] = {}  # the decision merged in each round
+        # The Decide merged in each round not yet applied nor discarded (with the round's
+        # batch, what a follower needs to apply it if told again after a lost link).
+        self.decisions: dict[int, Decide] = {}
+        self.address = ""  # its data plane's host:port, announced in FollowerJoined (driver)
+        # Sent FollowerJoined and heard nothing from the leader since but Rejoins: a Rejoin
+        # now is one the leader sent before it heard that join (harmless, see handle).
+        self._rejoined = False
+        self.last_applied: tuple[Decide, Apply] | None = None  # for the driver's bookkeeping
+        self._dropped: set[int] = set()  # rounds it dropped when it said it was lost
 
     @property
     def version(self) -> int:
@@ -292,7 +319,6 @@ class Follower:
         meta["clip_factor"] = jnp.asarray(apply.clip_factor, jnp.float32)
         params, opt_state = _apply(self.tx, self.state.params, self.state.opt_state, stacked, meta)
         self.state = FollowerState(apply.version, params, opt_state)
-        self.decisions[decision.round_id] = decision
         self._remember()
         self._forget(decision.round_id)
         return self.state.version
@@ -312,6 +338,7 @@ class Follower:
         self._batch.clear()
         self._staged.clear()
         self._incarnations.clear()
+        self.decisions.clear()
 
     def discard(self, round_id: int) -> None:
         """Forgets everything staged for ``round_id`` (round abandoned)."""
@@ -320,9 +347,149 @@ class Follower:
 
     def _forget(self, round_id: int) -> None:
         self._done.add(round_id)
+        self.decisions.pop(round_id, None)
         for table in (self._staged, self._incarnations):
             for key in [k for k in table if k[0] == round_id]:
                 del table[key]
+
+    # -- the protocol (sans-IO: every decision of the follower's side) --------------
+
+    def decided_rounds(self) -> tuple[int, ...]:
+        """Rounds whose inputs it holds whole, batch and ``Decide``, not yet applied: what
+        it can apply if told again (``FollowerJoined.rounds``)."""
+        return tuple(sorted(r for r in self.decisions if r in self._batch))
+
+    def start(self, now: float, restarted: bool = False) -> list[Command]:
+        """Joining the leader: a restarted process first says it was lost (the round in
+        flight needs shards it never received, and is discarded whole, never half
+        applied); then a first heartbeat (the leader watches it from now on: a hang right
+        after joining, before the heartbeat thread's first beat, was never found) and
+        the join at its version."""
+        lost = [Send(FollowerLost(now, self.follower_id, "restarted"))] if restarted else []
+        return [*lost, Send(FollowerHeartbeat(now, self.follower_id)), self._join(now)]
+
+    def leader_lost(self, now: float, reason: str = "control stream lost") -> list[Command]:
+        """Its control stream broke: the leader died (a restarted one drops the rounds in
+        flight), or only the stream did and the leader, up, may have sent actions into it
+        that never arrived. Either way the follower says it was lost and joins again: it
+        drops the staged shards of rounds not decided yet (the leader discards them) and
+        keeps the batch and ``Decide`` of a decided round, which a leader in the middle of
+        applying it tells it to apply again. The driver sends these once the leader is
+        back, in order, each once (a failed send is retried, not the ones before)."""
+        return self._lost(now, reason)
+
+    def handle(self, action: Action, now: float) -> list[Command]:
+        """Carries out one of the leader's actions; returns what the driver must do, in
+        order (a ``Save`` is on disk before the next command is carried out)."""
+        k = self.follower_id
+        if isinstance(action, Rejoin):
+            if action.follower != k:
+                return []
+            if self._rejoined:
+                # Sent before the leader heard this follower's join (one per heartbeat of a
+                # hang): it changes nothing, and must not wipe a newer round it staged since.
+                return [self._join(now)]
+            return self._lost(now, action.reason)
+        self._rejoined = False
+        if isinstance(action, RequestNorms | Decide) and action.round_id in self._dropped:
+            # A round it dropped when it said it was lost, asked about before the leader
+            # heard that: the leader discards it on hearing it (a second word would be
+            # taken for a new loss, and cost a newer round).
+            return []
+        if isinstance(action, RequestNorms):
+            r = action.round_id
+            self._end_before(r)
+            if not self.holds(r, action.learners):
+                # Shards this process never received or dropped (it restarted, or its link
+                # broke): saying so makes the leader discard the round, not wait forever.
+                return self._lost(now, f"no shards of round {r}", r)
+            g = self.partial_norms(r, action.learners, action.base_versions)
+            return [Send(FollowerNorms(now, k, r, tuple(float(x) for x in g)))]
+        if isinstance(action, Decide):
+            r = action.round_id
+            if r not in self._batch:
+                return self._lost(now, f"no batch of round {r}", r)
+            merged = self.merged_partial(action)  # keeps the Decide until apply or discard
+            return [Send(FollowerMerged(now, k, r, merged))]
+        if isinstance(action, Apply):
+            return self._on_apply(action, now)
+        if isinstance(action, Discard):
+            self.discard(action.round_id)
+            return []
+        if isinstance(action, Stop):
+            return [Exit(ExitCode.OK, action.reason)]
+        return []
+
+    def _on_apply(self, a: Apply, now: float) -> list[Command]:
+        k, r = self.follower_id, a.round_id
+        if a.version <= self.version:
+            # Applied already (a repeat: a retry, or a leader that lost the report): the
+            # same report again, no new checkpoint.
+            self.discard(r)
+            return [Send(FollowerApplied(now, k, r, self.version))]
+        if a.version != self.version + 1:
+            return self._lost(now, f"at version {self.version}, cannot apply version {a.version}")
+        if r not in self._batch or r not in self.decisions:
+            # Inputs it no longer holds (it restarted mid-apply): only durable inputs could
+            # redo the step; the leader hears it and decides.
+            return self._lost(now, f"no inputs of round {r}")
+        self._end_before(r)
+        decision = self.decisions[r]
+        v = self.apply(decision, a)
+        self.last_applied = (decision, a)
+        # The ordering rule: on disk before the leader hears of it, so a follower killed
+        # at any moment restarts at a version the leader counted (or one more, mid-apply).
+        return [Save("version", r, v), Send(FollowerApplied(now, k, r, v))]
+
+    def _end_before(self, round_id: int) -> None:
+        """Rounds older than ``round_id`` still decided here are over (the leader moved
+        on: one round is decided at a time): their inputs are freed."""
+        for r in [r for r in self.decisions if r < round_id]:
+            self.discard(r)
+
+    def _lost(self, now: float, reason: str, round_id: int | None = None) -> list[Command]:
+        """Says it was lost and joins again; drops every round not decided here (and
+        ``round_id``, the one it was asked about)."""
+        asked = set() if round_id is None else {round_id}
+        for r in {r for r, _ in self._staged} | set(self._batch) | asked:
+            if r not in self.decisions:
+                self.discard(r)  # the leader discards it (a late push for it is a replay)
+                self._dropped.add(r)
+        return [Send(FollowerLost(now, self.follower_id, reason)), self._join(now)]
+
+    def _join(self, now: float) -> Send:
+        self._rejoined = True
+        return Send(
+            FollowerJoined(
+                now,
+                self.follower_id,
+                self.version,
+                min(self._versions),
+                self.address,
+                rounds=self.decided_rounds(),
+            )
+        )
+
+
+def resume_step(steps: Sequence[int], resume: int) -> int | None:
+    """The checkpoint step a follower started with ``--resume`` restores, or ``None``: start
+    from version 0, the initial shard. ``resume``: a version, or ``-1`` for the newest
+    (``latest``: the launcher's restart after a crash).
+
+    With no checkpoint on disk (killed before its first one, during compilation) the
+    newest is version 0: the leader counts a step only once the follower checkpointed it,
+    so a run cannot have applied a version this follower never saved. Version 0 is the
+    initial shard, so ``resume=0`` needs no checkpoint either (a step 1 beside it was
+    written mid-update, of a version the leader never counted). Raises
+    ``FileNotFoundError`` for another version that is not on disk."""
+    steps = sorted(steps)
+    if resume < 0:
+        return steps[-1] if steps else None
+    if resume in steps:
+        return resume
+    if resume == 0 and all(s <= 1 for s in steps):
+        return None
+    raise FileNotFoundError(f"no checkpoint of version {resume} (has {steps})")
 
 
 def warm_up(shard: Any, tx: Any, capacity: int, reference: str, wire_dtype: Any) -> None:

@@ -349,3 +349,214 @@ def test_rounds_staged_when_the_leader_restarted_are_over():
         assert e.value.kind == "replayed"
     assert f._staged == {} and [3, 4] in f.ended_rounds()
     assert f.receive(5, 0, {"w": np.ones((2, 2))}) == "staged"
+
+
+# -- Follower.handle: the follower's protocol, exact commands -------------------------
+
+ONE, TWO = {"w": np.ones((2, 2))}, {"w": np.full((2, 2), 2.0)}
+
+
+def _protocol_follower():
+    f = Follower(0, {"w": np.zeros((2, 2), np.float32)}, outer.diloco(), capacity=2)
+    f.address = "host:7"
+    return f
+
+
+def _decide(r):
+    return L.Decide(r, (0, 1), (True, True), (5, 5), (1, 1), (0.5, 0.5), (4.0, 16.0))
+
+
+def _joined(t, version=0, oldest=0, rounds=()):
+    return L.Send(L.FollowerJoined(t, 0, version, oldest, "host:7", rounds=rounds))
+
+
+def _merged_round(f, r, t=1.0):
+    """Round ``r`` staged from learners 0 and 1, its norms taken and its Decide merged."""
+    f.receive(r, 0, ONE)
+    f.receive(r, 1, TWO)
+    assert f.handle(L.RequestNorms(r, (0, 1), (0, 0)), t) == [
+        L.Send(L.FollowerNorms(t, 0, r, (4.0, 16.0)))
+    ]
+    [merged] = f.handle(_decide(r), t)
+    assert isinstance(merged.event, L.FollowerMerged) and merged.event.round_id == r
+    return merged.event.merged_sq_norm
+
+
+def test_handle_answers_norms_merge_and_apply_and_saves_before_it_reports():
+    """The ordering rule: ``Save`` of the new version, then ``FollowerApplied``; the round's
+    Decide and batch are freed once applied."""
+    f = _protocol_follower()
+    m = _merged_round(f, 0)
+    assert f.decided_rounds() == (0,)
+    got = f.handle(L.Apply(0, 1, 1.0, m), 2.5)
+    assert got == [L.Save("version", 0, 1), L.Send(L.FollowerApplied(2.5, 0, 0, 1))]
+    assert f.version == 1 and f.decisions == {} and f._batch == {} and f.decided_rounds() == ()
+    assert f.last_applied == (_decide(0), L.Apply(0, 1, 1.0, m))
+
+
+def test_a_repeated_apply_reports_the_version_again_without_a_new_save():
+    f = _protocol_follower()
+    m = _merged_round(f, 0)
+    f.handle(L.Apply(0, 1, 1.0, m), 2.0)
+    before = np.asarray(f.params["w"]).copy()
+    assert f.handle(L.Apply(0, 1, 1.0, m), 3.0) == [L.Send(L.FollowerApplied(3.0, 0, 0, 1))]
+    np.testing.assert_array_equal(np.asarray(f.params["w"]), before)
+    assert f.version == 1
+
+
+def test_a_round_it_does_not_hold_is_answered_lost_and_joined_not_silence():
+    """Bug (issue 17 item 4): asked for norms of shards it did not hold (restarted, or its
+    link broke and it dropped them), the follower said nothing and the round hung forever;
+    told to apply such a round it crashed with KeyError. Now it says it was lost (the
+    leader discards the round) and joins again at its version."""
+    f = _protocol_follower()
+    f.receive(3, 0, ONE)  # learner 1's shard of round 3 never came
+    assert f.handle(L.RequestNorms(3, (0, 1), (0, 0)), 4.0) == [
+        L.Send(L.FollowerLost(4.0, 0, "no shards of round 3")),
+        _joined(4.0),
+    ]
+    assert f._staged == {}  # the round is over here: its late pushes are replays
+    with pytest.raises(ValueError, match="round 3 has ended"):
+        f.receive(3, 1, TWO)
+    assert f.handle(_decide(4), 5.0) == [
+        L.Send(L.FollowerLost(5.0, 0, "no batch of round 4")),
+        _joined(5.0),
+    ]
+    assert f.handle(L.Apply(4, 1, 1.0, 2.0), 6.0) == [
+        L.Send(L.FollowerLost(6.0, 0, "no inputs of round 4")),
+        _joined(6.0),
+    ]
+    assert f.handle(L.Apply(4, 3, 1.0, 2.0), 6.0) == [
+        L.Send(L.FollowerLost(6.0, 0, "at version 0, cannot apply version 3")),
+        _joined(6.0),
+    ]
+    assert f.version == 0
+
+
+def test_rejoin_keeps_a_decided_round_and_drops_undecided_ones():
+    """Found lost by silence (a hang), the follower says so and joins again, listing the
+    decided round it can still apply; a leader applying it sends the Apply again."""
+    f = _protocol_follower()
+    m = _merged_round(f, 0)
+    f.receive(1, 0, ONE)  # a round not decided yet
+    assert f.handle(L.Rejoin(0, "found lost through missed heartbeats"), 7.0) == [
+        L.Send(L.FollowerLost(7.0, 0, "found lost through missed heartbeats")),
+        _joined(7.0, rounds=(0,)),
+    ]
+    assert (1, 0) not in f._staged
+    with pytest.raises(ValueError, match="round 1 has ended"):
+        f.receive(1, 0, ONE)
+    assert f.handle(L.Apply(0, 1, 1.0, m), 8.0) == [
+        L.Save("version", 0, 1),
+        L.Send(L.FollowerApplied(8.0, 0, 0, 1)),
+    ]
+    assert f.handle(L.Rejoin(7, "not me"), 9.0) == []
+
+
+def test_leader_lost_keeps_a_decided_round_and_drops_undecided_ones():
+    """Bug (issue 17 item 4): when its control stream broke while the leader was up, the
+    follower dropped what it had staged and joined again without saying it was lost; the
+    leader then asked it for norms it no longer had."""
+    f = _protocol_follower()
+    m = _merged_round(f, 0)
+    f.receive(1, 1, TWO)
+    assert f.leader_lost(3.0) == [
+        L.Send(L.FollowerLost(3.0, 0, "control stream lost")),
+        _joined(3.0, rounds=(0,)),
+    ]
+    assert f._staged == {} and f.decided_rounds() == (0,)
+    assert f.handle(L.Apply(0, 1, 1.0, m), 4.0)[0] == L.Save("version", 0, 1)
+    # Lost between the norms and the Decide: nothing decided is held.
+    g = _protocol_follower()
+    g.receive(2, 0, ONE)
+    g.receive(2, 1, TWO)
+    g.handle(L.RequestNorms(2, (0, 1), (0, 0)), 1.0)
+    assert g.leader_lost(2.0, "watch ended") == [
+        L.Send(L.FollowerLost(2.0, 0, "watch ended")),
+        _joined(2.0),
+    ]
+    assert g._batch == {}
+
+
+def test_a_late_rejoin_does_not_wipe_a_newer_round():
+    """Bug (issue 17 item 5): a hung follower gets one Rejoin per heartbeat until the
+    leader hears its join; a late second one wiped the next round's staged shards and that
+    round hung. Now a Rejoin while it already rejoined only says it joined."""
+    f = _protocol_follower()
+    assert f.handle(L.Rejoin(0, "found lost"), 1.0) == [
+        L.Send(L.FollowerLost(1.0, 0, "found lost")),
+        _joined(1.0),
+    ]
+    f.receive(5, 0, ONE)  # the leader heard the join and opened round 5
+    f.receive(5, 1, TWO)
+    assert f.handle(L.Rejoin(0, "found lost"), 2.0) == [_joined(2.0)]
+    assert f.handle(L.RequestNorms(5, (0, 1), (0, 0)), 3.0) == [
+        L.Send(L.FollowerNorms(3.0, 0, 5, (4.0, 16.0)))
+    ]
+    # Once the leader spoke again, a Rejoin is a new loss.
+    assert f.handle(L.Rejoin(0, "found lost"), 4.0) == [
+        L.Send(L.FollowerLost(4.0, 0, "found lost")),
+        _joined(4.0),
+    ]
+
+
+def test_start_discard_and_stop():
+    f = _protocol_follower()
+    assert f.start(0.5) == [L.Send(L.FollowerHeartbeat(0.5, 0)), _joined(0.5)]
+    assert f.start(0.5, restarted=True) == [
+        L.Send(L.FollowerLost(0.5, 0, "restarted")),
+        L.Send(L.FollowerHeartbeat(0.5, 0)),
+        _joined(0.5),
+    ]
+    _merged_round(f, 0)
+    assert f.handle(L.Discard(0, "follower 1 lost"), 2.0) == []
+    assert f.decisions == {} and f._batch == {}
+    assert f.handle(L.Stop("budget reached"), 3.0) == [L.Exit(L.ExitCode.OK, "budget reached")]
+
+
+def test_an_older_decided_round_is_freed_when_the_leader_moves_on():
+    """A decided round kept over a lost link that the (restarted) leader never applies is
+    freed once the leader asks about a newer round."""
+    f = _protocol_follower()
+    _merged_round(f, 0)
+    f.leader_lost(1.0)
+    f.receive(1, 0, ONE)
+    f.receive(1, 1, TWO)
+    f.handle(L.RequestNorms(1, (0, 1), (0, 0)), 2.0)
+    assert f.decided_rounds() == () and 0 not in f._batch and 0 in f._done
+
+
+def test_a_round_it_dropped_gets_no_second_word():
+    """Asked about a round it dropped when it said it was lost (the question crossed its
+    word on the way), the follower says nothing more: the leader discards the round on
+    hearing the first word, and a second one would be taken for a new loss."""
+    f = _protocol_follower()
+    f.receive(0, 0, ONE)
+    f.receive(0, 1, TWO)
+    f.handle(L.RequestNorms(0, (0, 1), (0, 0)), 1.0)
+    assert f.leader_lost(2.0)[0] == L.Send(L.FollowerLost(2.0, 0, "control stream lost"))
+    assert f.handle(_decide(0), 3.0) == []
+    assert f.handle(L.RequestNorms(1, (0,), (0,)), 4.0) == [
+        L.Send(L.FollowerLost(4.0, 0, "no shards of round 1")),
+        _joined(4.0),
+    ]
+    assert f.handle(L.RequestNorms(1, (0,), (0,)), 5.0) == []
+
+
+def test_resume_latest_without_a_checkpoint_starts_at_version_zero():
+    """Bug (issue 17 item 2): a follower killed before its first checkpoint (during the
+    learners' compilation) restarted with ``--resume latest``, found none, crashed ("no
+    checkpoint with any step") three times and the run failed; ``--resume`` of a run
+    stopped during compilation (version 0) failed the same way."""
+    from dipsjax.syncer.follower import resume_step
+
+    assert resume_step([], -1) is None  # latest, none on disk: version 0
+    assert resume_step([], 0) is None
+    assert resume_step([3, 1, 2], -1) == 3
+    assert resume_step([1, 2, 3], 2) == 2
+    assert resume_step([1], 0) is None  # version 1 was saved mid-update, never counted
+    assert resume_step([0, 1], 0) == 0
+    with pytest.raises(FileNotFoundError, match="no checkpoint of version 4"):
+        resume_step([1, 2], 4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint of version 0"):
+        resume_step([2, 3], 0)  # checkpoints of a run past version 0: not this run's state

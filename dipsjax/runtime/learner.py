@@ -322,8 +322,10 @@ class LearnerNode:
             return []
         if isinstance(c, m.Exit):
             self.exit_code = int(c.code)
+            what = {0: "stopped", 69: "unreachable", 75: "evicted", 78: "refused"}
             print(
-                f"learner {self.j}: exit {self.exit_code} ({c.reason}) after {self.rounds} rounds",
+                f"learner {self.j}: {what.get(self.exit_code, 'exit')} ({c.reason}) after "
+                f"{self.rounds} rounds (exit {self.exit_code})",
                 flush=True,
             )
             return []

@@ -286,7 +286,7 @@ class LearnerProtocol:
             return []  # it left itself: its own exit follows
         if kind == EvictKind.RESTARTED:
             return self._exit(ExitCode.REFUSED, "a newer incarnation took over")
-        return self._exit(ExitCode.EVICTED, f"evicted: {a.reason}")
+        return self._exit(ExitCode.EVICTED, a.reason)
 
     def _on_Unused(self, a: Unused, now: float) -> list[Command]:
         self.unused[str(a.kind)] += 1

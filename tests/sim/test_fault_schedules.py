@@ -39,8 +39,9 @@ from dipsjax.sim.faults import (
     RestartLeader,
     RestoreLeader,
 )
+from dipsjax.sim.replay import tree_equal
 from dipsjax.syncer.leader import Leader
-from tests.sim.toy_world import ToyWorld, push_batches, toy_config
+from tests.sim.toy_world import ToyWorld, push_batches, toy_config, toy_replay
 
 # (method, overlap): every method of the registry the engine runs, with and without overlap.
 METHODS = [
@@ -106,7 +107,7 @@ def left_for_good(schedule: tuple) -> set[int]:
     return {f.learner for f in schedule if isinstance(f, Leave) and f.back_after is None}
 
 
-def check(method, overlap, schedule, batches_once=BATCHES_ONCE, **kw):
+def check(method, overlap, schedule, batches_once=BATCHES_ONCE, replay=True, **kw):
     engine, res, world, booked, applies = run_schedule(method, overlap, schedule, **kw)
     leader = engine.leader
     what = f"{method} overlap={overlap} schedule={schedule!r}"
@@ -149,6 +150,10 @@ def check(method, overlap, schedule, batches_once=BATCHES_ONCE, **kw):
     for k, log in enumerate(applies):
         assert log == applied, f"{what}: follower {k} applied {log}, the tape says {applied}"
     assert {f.version for f in engine.cluster.followers} == {len(applied)}, what
+    # The tape replays to the final model.
+    if replay:
+        again = toy_replay(engine.cfg, res.tape)
+        assert tree_equal(again, res.params), f"{what}: the tape does not replay"
     return engine, res
 
 
@@ -190,17 +195,27 @@ def schedules(draw):
     )
 
 
-@pytest.mark.parametrize("method,overlap", METHODS)
-@settings(
-    max_examples=35,
+SETTINGS = dict(
     derandomize=True,
     database=None,
     deadline=None,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no shrinking: runs are slow
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+@pytest.mark.parametrize("method,overlap", METHODS)
+@settings(max_examples=28, **SETTINGS)
 @given(schedule=schedules())
 def test_random_fault_schedules(method, overlap, schedule):
+    check(method, overlap, schedule, replay=False)
+
+
+@pytest.mark.parametrize("method,overlap", METHODS)
+@settings(max_examples=6, **SETTINGS)
+@given(schedule=schedules())
+def test_random_fault_schedules_replay(method, overlap, schedule):
+    """Fewer schedules, each also replayed from its tape (a second run's cost)."""
     check(method, overlap, schedule)
 
 

@@ -72,11 +72,17 @@ class Engine:
         *,
         progress: Callable[[str], None] | None = None,
         restore_leader_at: tuple[float, ...] = (),
+        world: World | None = None,
+        clock: Clock | None = None,
     ) -> None:
+        """``world``: a world built elsewhere (default ``World(cfg)``; tests pass a cheap
+        one); ``clock``: a virtual clock to run on (default a new :class:`Clock`; fault
+        schedules pass one that injects faults at chosen events, see
+        :mod:`dipsjax.sim.faults`)."""
         self.cfg = cfg
         self.progress = progress
-        self.world = World(cfg)
-        self.clock = Clock()
+        self.world = World(cfg) if world is None else world
+        self.clock = Clock() if clock is None else clock
         self.cluster = make_cluster(cfg, self.world, self.clock)
         self.cluster.port = self
         self.overlap = bool(cfg.overlap)
@@ -89,6 +95,7 @@ class Engine:
         self.restore_leader_at = restore_leader_at
         self.scripted_joins = [t for _, t in cfg.joins] + [t for _, _, t in cfg.failures]
         self.reference = self.cluster.followers[0].reference
+        self.hung: dict[int, float] = {}  # learner -> virtual time its hang ends (faults)
 
     @property
     def leader(self) -> Leader:
@@ -161,12 +168,25 @@ class Engine:
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl, meta)
 
+    def _hangs(self, sl: SimLearner, fn: Callable[..., None], *args: Any) -> bool:
+        """A hung learner (:attr:`hung`) does nothing until it wakes: what comes to it
+        meanwhile (its round ending, a transfer done, an action) waits until then."""
+        wake = self.hung.get(sl.j)
+        if wake is None or self.clock.now >= wake:
+            return False
+        self.clock.at(wake, fn, *args)
+        return True
+
     def _trained(self, sl: SimLearner, meta: m.PushMeta) -> None:
+        if self._hangs(sl, self._trained, sl, meta):
+            return
         if sl.alive and self.learners[sl.j] is sl:
             t = self.clock.now
             self.carry_out(sl, sl.proto.on_trained(meta, t), t)
 
     def _pushed(self, sl: SimLearner, round_id: int, t: float, refused: str | None) -> None:
+        if self._hangs(sl, self._pushed, sl, round_id, self.hung.get(sl.j, t), refused):
+            return
         if sl.alive and self.learners[sl.j] is sl:
             if refused is None:
                 self.carry_out(sl, sl.proto.on_pushed(round_id, t), t)
@@ -199,6 +219,8 @@ class Engine:
         return payload
 
     def _pulled(self, sl: SimLearner, cmd: m.Pull) -> None:
+        if self._hangs(sl, self._pulled, sl, cmd):
+            return
         if not sl.alive or self.learners[sl.j] is not sl:
             return
         t = self.clock.now
@@ -225,9 +247,13 @@ class Engine:
         for j in targets:
             if j is None:
                 continue
-            sl = self.learners[j]
-            if sl.alive:
-                self.carry_out(sl, sl.proto.on_action(a, t), t)
+            self._to_learner(self.learners[j], a, t)
+
+    def _to_learner(self, sl: SimLearner, a: m.Action, t: float) -> None:
+        if self._hangs(sl, self._to_learner, sl, a, self.hung.get(sl.j, t)):
+            return
+        if sl.alive and self.learners[sl.j] is sl:
+            self.carry_out(sl, sl.proto.on_action(a, t), t)
 
     # -- scripted events -----------------------------------------------------------------
 
@@ -260,7 +286,7 @@ class Engine:
     def _heartbeats(self) -> None:
         t = self.clock.now
         for sl in self.learners:
-            if sl.alive:
+            if sl.alive and not self.hung.get(sl.j, t) > t:
                 self.cluster.feed(m.Heartbeat(t, sl.j))
         self.cluster.feed(m.Tick(t))
         comeback = any(t < when for when in self.scripted_joins)

@@ -1,0 +1,191 @@
+"""Faults at any moment: fault schedules for the simulator's :class:`~dipsjax.sim.engine.Engine`.
+
+A schedule is a tuple of :class:`Fault` s, each naming the event of the run before which it
+strikes (``at``: the clock's event index, so two callbacks at one virtual instant can be told
+apart) and a role. :class:`FaultClock` is the engine's virtual clock with the schedule in it;
+it also bounds the run (a run that does not end is an error naming its schedule)::
+
+    clock = FaultClock((Crash(at=40, learner=1, back_after=3.0), RestartLeader(at=90)))
+    engine = Engine(cfg, clock=clock)
+    clock.engine = engine
+    result = engine.run()
+
+Faults (the launcher restarts a dead learner as a new incarnation; the simulator's learners
+keep no checkpoints):
+
+* :class:`Crash`: a learner process dies (``tell``: the launcher tells the leader, else the
+  leader finds out by heartbeats or the new incarnation's ``Join``), restarted
+  ``back_after`` seconds later;
+* :class:`Hang`: a learner stops (no heartbeats, no progress) for ``seconds``, then goes on
+  with what reached it meanwhile (evicted if it hung past the heartbeat limit);
+* :class:`Leave`: a learner leaves the run (``Leave``), back as a new incarnation after
+  ``back_after`` seconds (``None``: for good);
+* :class:`Cut`: a learner's control stream breaks (its protocol's ``on_leader_lost``);
+* :class:`RestoreLeader`: the leader replaced by one restored from its JSON snapshot;
+* :class:`RestartLeader`: the leader process killed and restarted from its snapshot with
+  :meth:`~dipsjax.syncer.leader.Leader.resume` (the runtime's ``--resume``): what was on its
+  way to it is lost, every follower reconnects (``FollowerJoined``), every learner sees its
+  control stream break.
+
+Follower faults come with ``Follower.handle`` (see the module's tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from heapq import heappop
+from typing import Any
+
+from dipsjax.sim.cluster import Clock
+from dipsjax.syncer import messages as m
+from dipsjax.syncer.leader import Leader
+
+
+class RunawayError(RuntimeError):
+    """A run that went past its event or time bound (it would not have ended)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    at: int  # strikes before the clock's event number ``at``
+
+    def strike(self, engine: Any) -> None:
+        raise NotImplementedError
+
+
+def _restart_later(engine: Any, j: int, delay: float) -> None:
+    """The launcher restarts learner ``j``'s dead process ``delay`` seconds from now (once:
+    if a new incarnation runs by then, nothing)."""
+    dead = engine.learners[j]
+
+    def restart() -> None:
+        if engine.learners[j] is dead and not dead.alive and not engine.stopped:
+            engine._recover(j)
+
+    when = engine.clock.now + delay
+    engine.scripted_joins.append(when)  # heartbeats go on until then, as for scripted ones
+    engine.clock.at(when, restart)
+
+
+@dataclasses.dataclass(frozen=True)
+class Crash(Fault):
+    learner: int = 0
+    back_after: float = 1.0
+    tell: bool = False
+
+    def strike(self, engine: Any) -> None:
+        sl = engine.learners[self.learner]
+        if not sl.alive:
+            return  # not running (between incarnations, or left)
+        engine._down(sl)
+        if self.tell:
+            engine.cluster.feed(m.LearnerFailed(engine.clock.now, self.learner))
+        _restart_later(engine, self.learner, self.back_after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hang(Fault):
+    learner: int = 0
+    seconds: float = 1.0
+
+    def strike(self, engine: Any) -> None:
+        wake = engine.clock.now + self.seconds
+        engine.hung[self.learner] = max(engine.hung.get(self.learner, wake), wake)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leave(Fault):
+    learner: int = 0
+    back_after: float | None = None
+
+    def strike(self, engine: Any) -> None:
+        sl = engine.learners[self.learner]
+        if not sl.alive or engine.hung.get(self.learner, -1.0) > engine.clock.now:
+            return  # a hung or dead process says nothing
+        engine._leave(self.learner)
+        if self.back_after is not None:
+            _restart_later(engine, self.learner, self.back_after)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut(Fault):
+    """The learner's control stream breaks (the leader is up)."""
+
+    learner: int = 0
+
+    def strike(self, engine: Any) -> None:
+        sl = engine.learners[self.learner]
+        if sl.alive:
+            t = engine.clock.now
+            engine.carry_out(sl, sl.proto.on_leader_lost(t), t)
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreLeader(Fault):
+    def strike(self, engine: Any) -> None:
+        engine._restore_leader()
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartLeader(Fault):
+    def strike(self, engine: Any) -> None:
+        t, cluster = engine.clock.now, engine.cluster
+        snap = json.loads(json.dumps(engine.leader.snapshot(), allow_nan=False))
+        engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the dead leader
+        leader = Leader.restore(snap, tape=engine.leader.tape)
+        cluster.leader = leader
+        cluster.execute(leader.resume(t), t)
+        for f in cluster.followers:  # their control streams broke: the protocol rejoins
+            for c in f.leader_lost(t, "the leader restarted"):
+                if isinstance(c, m.Send):
+                    cluster.feed(dataclasses.replace(c.event, t=t))
+        for sl in list(engine.learners):
+            if sl.alive:
+                engine.carry_out(sl, sl.proto.on_leader_lost(t), t)
+
+
+class FaultClock(Clock):
+    """A :class:`Clock` that strikes a schedule's faults before the events they name and
+    bounds the run (``max_events`` callbacks, ``max_time`` virtual seconds)."""
+
+    def __init__(
+        self, schedule: tuple[Fault, ...] = (), max_events: int = 20_000, max_time: float = 1e4
+    ) -> None:
+        super().__init__()
+        self.schedule = tuple(schedule)
+        self.engine: Any = None
+        self.events = 0
+        self.max_events = max_events
+        self.max_time = max_time
+        self.struck: list[tuple[int, float, Fault]] = []
+
+    def drop(self, pred: Any) -> None:
+        """Removes the queued callbacks whose function satisfies ``pred``."""
+        import heapq
+
+        self._queue = [e for e in self._queue if not pred(e[2])]
+        heapq.heapify(self._queue)
+
+    def run(self, stopped: Any) -> None:
+        due: dict[int, list[Fault]] = {}
+        for f in self.schedule:
+            due.setdefault(f.at, []).append(f)
+        while self._queue and not stopped():
+            for fault in due.pop(self.events, ()):
+                self.struck.append((self.events, self.now, fault))
+                fault.strike(self.engine)
+                if stopped():
+                    return
+            if not self._queue:
+                break
+            t, _, fn, args = heappop(self._queue)
+            self.now = t
+            fn(*args)
+            self.events += 1
+            if self.events > self.max_events or t > self.max_time:
+                raise RunawayError(
+                    f"the run did not end within {self.max_events} events / {self.max_time} "
+                    f"virtual seconds (now {self.events} events, t={t:.1f}); schedule "
+                    f"{self.schedule!r}"
+                )

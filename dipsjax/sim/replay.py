@@ -30,11 +30,13 @@ from dipsjax.syncer import methods as methods_lib
 from dipsjax.syncer.tape import EventTape
 
 
-def replay(cfg: SimConfig, tape: EventTape) -> dict:
-    """The final global parameters recomputed from ``tape`` (see module docstring)."""
+def replay(cfg: SimConfig, tape: EventTape, world: World | None = None) -> dict:
+    """The final global parameters recomputed from ``tape`` (see module docstring), on a
+    fresh ``World(cfg)`` or on ``world`` (a fresh one of another kind, e.g. the fault
+    tests' toy world)."""
     if cfg.method not in methods_lib.METHODS:
         raise ValueError(f"replay needs a syncer method, not {cfg.method!r}")
-    world = World(cfg)
+    world = World(cfg) if world is None else world
     method = world.method()
     followers = world.followers(method)
     versions = {0: world.init_params}

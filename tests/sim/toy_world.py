@@ -71,6 +71,13 @@ class ToyLearner:
     def params_dict(self) -> dict:
         return {k: v.copy() for k, v in self.params.items()}
 
+    @property
+    def opt_state(self) -> dict:
+        return {}  # no inner optimizer state (what replay carries from round to round)
+
+    def set_opt_state(self, state: Any) -> None:
+        del state
+
     def pull(self, params: dict, *, version: int, reset_optimizer: bool = False) -> None:
         del reset_optimizer  # no inner state
         self.params = {k: np.array(v, np.float32) for k, v in params.items()}
@@ -164,60 +171,8 @@ def push_batches(world: ToyWorld, meta: Any) -> list[tuple[int, int]]:
 
 
 def toy_replay(cfg: SimConfig, tape: Any) -> dict:
-    """The final global parameters recomputed from ``tape`` on a fresh toy world, as
-    :func:`dipsjax.sim.replay.replay` does on the real one (the toy learner has no inner
-    state to carry, so only its parameters go from round to round)."""
-    from dipsjax import outer
-    from dipsjax.sim.world import pseudo_gradient, wire
-    from dipsjax.syncer import messages as m
+    """The final global parameters recomputed from ``tape`` on a fresh toy world, by the
+    simulator's own :func:`dipsjax.sim.replay.replay`."""
+    from dipsjax.sim.replay import replay
 
-    world = ToyWorld(cfg)
-    method = world.method()
-    followers = world.followers(method)
-    versions = {0: world.init_params}
-    learners: dict[int, tuple[int, ToyLearner]] = {}
-    for rec in tape.round_records():
-        for p in sorted(rec.participants + rec.dropped, key=lambda p: p.pushed_at):
-            j, meta = p.learner, p.meta
-            if j not in learners or learners[j][0] != meta.incarnation:
-                learners[j] = (meta.incarnation, world.learner(j))
-            learner = learners[j][1]
-            if meta.pulled:
-                learner.pull(versions[meta.base_version], version=meta.base_version)
-            pos = StreamPosition(chunk=meta.start_chunk, offset=meta.start_offset)
-            stream = world.stream(list(meta.new_chunks), position=pos)
-            batches = [b.tokens for b in itertools.islice(stream, meta.steps)]
-            contrib = learner.run_round(batches, num_steps=meta.steps)
-            if not any(p is q for q in rec.participants):
-                continue
-            delta = pseudo_gradient(method.reference, contrib, learner, versions[meta.base_version])
-            for f, part in zip(followers, world.split(wire(cfg, delta)), strict=True):
-                f.receive(rec.round_id, j, part)
-        if not rec.participants:
-            continue
-        learners_t = tuple(p.learner for p in rec.participants)
-        bases = tuple(p.base_version for p in rec.participants)
-        g = sum(f.partial_norms(rec.round_id, learners_t, bases) for f in followers)
-        if rec.sq_norms and not np.allclose(g, rec.sq_norms, rtol=1e-5):
-            raise AssertionError(
-                f"round {rec.round_id}: norms {g} but the tape says {rec.sq_norms}"
-            )
-        if not rec.applied:
-            for f in followers:
-                f.discard(rec.round_id)
-            continue
-        decision = m.Decide(
-            rec.round_id,
-            learners_t,
-            tuple(rec.accepted),
-            tuple(p.tokens for p in rec.participants),
-            tuple(p.steps for p in rec.participants),
-            tuple(rec.weights),
-            tuple(rec.sq_norms),
-        )
-        merged = sum(f.merged_partial(decision) for f in followers)
-        apply = m.Apply(rec.round_id, rec.version, rec.clip_factor, merged)
-        for f in followers:
-            f.apply(decision, apply)
-        versions[rec.version] = outer.merge_trees([f.pull()[1] for f in followers])
-    return versions[max(versions)]
+    return replay(cfg, tape, world=ToyWorld(cfg))

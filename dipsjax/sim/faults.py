@@ -21,13 +21,15 @@ keep no checkpoints):
 * :class:`Leave`: a learner leaves the run (``Leave``), back as a new incarnation after
   ``back_after`` seconds (``None``: for good);
 * :class:`Cut`: a learner's control stream breaks (its protocol's ``on_leader_lost``);
+* :class:`FollowerCut`: a follower's control stream breaks (``Follower.leader_lost``: lost,
+  then joined with the decided rounds it holds; actions sent into the stream are lost);
+* :class:`FollowerHang`: a follower stalls, then carries out what came meanwhile;
 * :class:`RestoreLeader`: the leader replaced by one restored from its JSON snapshot;
 * :class:`RestartLeader`: the leader process killed and restarted from its snapshot with
   :meth:`~dipsjax.syncer.leader.Leader.resume` (the runtime's ``--resume``): what was on its
-  way to it is lost, every follower reconnects (``FollowerJoined``), every learner sees its
-  control stream break.
+  way to it is lost, every follower rejoins through its protocol (``Follower.leader_lost``),
+  every learner sees its control stream break.
 
-Follower faults come with ``Follower.handle`` (see the module's tests).
 """
 
 from __future__ import annotations
@@ -119,6 +121,29 @@ class Cut(Fault):
         if sl.alive:
             t = engine.clock.now
             engine.carry_out(sl, sl.proto.on_leader_lost(t), t)
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerCut(Fault):
+    """A follower's control stream breaks (the leader is up): its protocol says it was
+    lost and joins again (``Follower.leader_lost``); what was sent into the broken stream
+    is lost."""
+
+    follower: int = 0
+
+    def strike(self, engine: Any) -> None:
+        engine.cluster.leader_lost(self.follower, engine.clock.now)
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowerHang(Fault):
+    """A follower stalls for ``seconds``, then carries out what came meanwhile, in order."""
+
+    follower: int = 0
+    seconds: float = 1.0
+
+    def strike(self, engine: Any) -> None:
+        engine.cluster.hang(self.follower, engine.clock.now + self.seconds)
 
 
 @dataclasses.dataclass(frozen=True)

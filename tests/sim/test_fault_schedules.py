@@ -34,6 +34,8 @@ from dipsjax.sim.faults import (
     Crash,
     Cut,
     FaultClock,
+    FollowerCut,
+    FollowerHang,
     Hang,
     Leave,
     RestartLeader,
@@ -61,6 +63,12 @@ LEARNERS = 3
 # carry offsets, "no batch trained twice" is left out of the default assertions (every other
 # one stays); set this to True to check it.
 BATCHES_ONCE = False
+# The same item's other face: a round discarded (a follower lost) while its learners go on
+# drops the batches they trained of a chunk they keep reading; the push that finishes the
+# chunk completes it, and its first batches are never applied
+# (``test_regression_follower_lost_drops_batches_of_a_completed_chunk``). Follower faults
+# discard rounds, so their schedules run apart (``test_random_follower_fault_schedules``)
+# with this check off; it stays on for every other schedule.
 MAX_AT = 260  # about the events of an undisturbed run
 
 
@@ -107,7 +115,9 @@ def left_for_good(schedule: tuple) -> set[int]:
     return {f.learner for f in schedule if isinstance(f, Leave) and f.back_after is None}
 
 
-def check(method, overlap, schedule, batches_once=BATCHES_ONCE, replay=True, **kw):
+def check(
+    method, overlap, schedule, batches_once=BATCHES_ONCE, batches_kept=True, replay=True, **kw
+):
     engine, res, world, booked, applies = run_schedule(method, overlap, schedule, **kw)
     leader = engine.leader
     what = f"{method} overlap={overlap} schedule={schedule!r}"
@@ -143,7 +153,9 @@ def check(method, overlap, schedule, batches_once=BATCHES_ONCE, replay=True, **k
         for b in range(per_chunk)
         if (c, b) not in trained
     ]
-    assert not missing, f"{what}: batches of completed chunks never trained: {missing}"
+    assert not (batches_kept and missing), (
+        f"{what}: batches of completed chunks never trained: {missing}"
+    )
     # Versions: applied once each, in order, identically on every follower.
     applied = [(r.round_id, r.version) for r in res.tape.round_records() if r.applied]
     assert [v for _, v in applied] == list(range(1, len(applied) + 1)), (what, applied)
@@ -179,8 +191,21 @@ def fault(at):
     )
 
 
+def follower_fault(at):
+    return st.one_of(
+        st.builds(FollowerCut, at=at, follower=st.integers(0, 1)),
+        st.builds(
+            FollowerHang, at=at, follower=st.integers(0, 1), seconds=st.sampled_from([0.5, 5.0])
+        ),
+    )
+
+
+def any_fault(at):
+    return st.one_of(fault(at), follower_fault(at))
+
+
 @st.composite
-def schedules(draw):
+def schedules(draw, faults=fault):
     """1-4 faults: anywhere in the run, or close together (several at once, the same
     role twice quickly)."""
     first = draw(st.integers(0, MAX_AT))
@@ -189,7 +214,7 @@ def schedules(draw):
     n = draw(st.integers(1, 4))
     return tuple(
         sorted(
-            (draw(fault(st.one_of(near, anywhere))) for _ in range(n)),
+            (draw(faults(st.one_of(near, anywhere))) for _ in range(n)),
             key=lambda f: f.at,
         )
     )
@@ -220,6 +245,14 @@ def test_random_fault_schedules_replay(method, overlap, schedule):
 
 
 @pytest.mark.parametrize("method,overlap", METHODS)
+@settings(max_examples=12, **SETTINGS)
+@given(schedule=schedules(faults=any_fault))
+def test_random_follower_fault_schedules(method, overlap, schedule):
+    """Follower faults (a broken control stream, a stall) among the others."""
+    check(method, overlap, schedule, batches_kept=False, replay=False)
+
+
+@pytest.mark.parametrize("method,overlap", METHODS)
 def test_no_faults(method, overlap):
     _, res = check(method, overlap, ())
     assert res.tokens.dropped == 0 or overlap  # (with overlap, stale pushes are dropped)
@@ -236,3 +269,19 @@ def test_regression_leader_restart_trains_a_batch_twice():
     engine, res = check("dips", False, (RestartLeader(at=14),))
     assert len(engine.clock.struck) == 1
     assert any(r["kind"] == "resume" for r in res.tape.records)
+
+
+def test_regression_follower_lost_drops_batches_of_a_completed_chunk():
+    """sync_diloco: follower 1's stream breaks mid-round, the round is discarded, and the
+    learners read on in their chunks: chunks 136 and 83 complete without their batch 0 ever
+    applied (issue 17 item 6). Every other check holds: the budget, the books, the versions
+    on every follower."""
+    schedule = (
+        Leave(at=91, learner=0, back_after=None),
+        FollowerCut(at=117, follower=1),
+        FollowerHang(at=127, follower=0, seconds=5.0),
+        FollowerCut(at=175, follower=0),
+    )
+    engine, _ = check("sync_diloco", False, schedule, batches_kept=False)
+    assert len(engine.clock.struck) == len(schedule)
+    assert any(r.get("event") == "lost" for r in engine.leader.tape.records)

@@ -84,6 +84,9 @@ from dipsjax.syncer.messages import (
     Unused,
 )
 
+# Refusals only a push gets (a join is refused as stopped, unknown, incarnation, fingerprint).
+PUSH_REFUSALS = frozenset({RefuseKind.INACTIVE, RefuseKind.PENDING, RefuseKind.INVALID})
+
 
 class State(enum.StrEnum):
     """Where the learner is in its round (overlap's in-flight push is tracked apart)."""
@@ -270,6 +273,8 @@ class LearnerProtocol:
             return self._exit(ExitCode.OK, f"the job stopped: {a.reason}")
         if self.state not in (State.JOINING, State.REQUESTING):
             return []  # about a request no longer in progress
+        if self.state is State.JOINING and kind in PUSH_REFUSALS:
+            return []  # about a push the rejoin dropped (a restarted leader refused it)
         if kind == RefuseKind.UNKNOWN:
             return self._exit(ExitCode.EVICTED, f"not a member: {a.reason}")
         if kind == RefuseKind.PENDING:

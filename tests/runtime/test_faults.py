@@ -176,7 +176,14 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     # No part of the killed push entered any round: follower 0 held its shards, follower 1
     # never got them, and the leader dropped it.
     rounds = {r.round_id: r for r in tape.round_records()}
-    assert all(p.learner != 1 for p in rounds[round_id].participants), rounds[round_id]
+    # (A round whose only push was the killed one ends with nothing in it and leaves no
+    # record: under load the others may still be compiling while learner 1 trains alone.)
+    if round_id in rounds:
+        assert all(p.learner != 1 for p in rounds[round_id].participants), rounds[round_id]
+    else:
+        assert max(rounds) > round_id and not any(
+            r.round_id == round_id for r in tape.round_records()
+        )
     members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 1]
     gone = [r for r in members if r["event"] in ("restart", "evict")]
     assert gone and gone[0]["t"] >= killed_at

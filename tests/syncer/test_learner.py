@@ -280,3 +280,23 @@ def test_overlap_holds_one_push_in_flight():
     ]
     assert p.on_action(plan(1), 4.1) == [m.Push(plan(1)), m.Train(adopt=True)]
     assert p.rounds == 2
+
+
+@pytest.mark.parametrize(
+    "kind", [m.RefuseKind.INACTIVE, m.RefuseKind.PENDING, m.RefuseKind.INVALID]
+)
+def test_a_push_refusal_that_comes_while_it_rejoins_is_stale(kind):
+    """The leader restarted: the push sent to it is refused (``inactive``) while the learner
+    is already rejoining from its checkpoints. That refusal is about a push the rejoin
+    dropped, not about the join (the fault test saw the learner exit 78 on it, and the
+    launcher give up)."""
+    p = LearnerProtocol(J, checkpoints=True)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    p.on_leader_lost(3.0, stream=0)
+    assert p.on_action(m.Refuse(J, "pull a model first", kind, 0), 3.5, stream=1) == []
+    assert p.state is State.JOINING
+    assert p.on_action(m.SendModel(J, 2), 4.0, stream=1) == [
+        m.Restore(0, (), 2),
+        m.Pull(2, first=False),
+    ]

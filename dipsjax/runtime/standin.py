@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import ml_dtypes
 import numpy as np
 
@@ -89,6 +90,7 @@ class StandIn:
             for a in spec.followers
         ]
         self.actions: queue.Queue = queue.Queue()
+        self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
         self.proto = LearnerProtocol(j, fingerprint=spec.fingerprint)
         rng = np.random.default_rng(1000 + j)
         largest = max(int(np.prod(s)) for s in shapes)
@@ -114,6 +116,8 @@ class StandIn:
     def _watch(self) -> None:
         try:
             for a in self.control.watch():
+                if isinstance(a, m.Stop):
+                    self.job_stop = a
                 self.actions.put(a)
         except Exception as e:  # the stream broke: the main loop raises it
             self.actions.put(e)
@@ -156,10 +160,16 @@ class StandIn:
         a sleep for training."""
         p = self.proto
         if isinstance(c, m.Send):
+            try:
+                replies = self.call(c.event)
+            except grpc.RpcError as e:
+                return self._call_failed(e)
             if isinstance(c.event, m.PushRequested):
-                self.stats["reported"] += c.event.meta.tokens  # counted here, apart
+                # Counted here, apart: the leader has it (refused ones too), as a learner
+                # counts it (a call that failed never reached the books).
+                self.stats["reported"] += c.event.meta.tokens
             out: list[m.Command] = []
-            for reply in self.call(c.event):
+            for reply in replies:
                 out += p.on_action(reply, time.monotonic())
             return out
         if isinstance(c, m.Train):
@@ -179,6 +189,17 @@ class StandIn:
                 raise RuntimeError(f"stand-in {self.j}: {c.reason}")
             return []
         raise TypeError(f"stand-in {self.j}: cannot carry out {c}")
+
+    def _call_failed(self, e: grpc.RpcError) -> list[m.Command]:
+        """A call the leader did not answer: it stopped the job and went (its Stop comes on
+        the watch stream, maybe a moment after), or it died, which in a load test is an
+        error (stand-ins keep no checkpoints to rejoin with)."""
+        deadline = time.monotonic() + 10.0
+        while self.job_stop is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.job_stop is None:
+            raise e
+        return self.proto.on_action(self.job_stop, time.monotonic())
 
     def run(self, train_seconds: float) -> None:
         """The learner's protocol (:class:`~dipsjax.syncer.learner.LearnerProtocol`) with

@@ -50,6 +50,13 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
     assert tokens["reported"] >= sim.token_budget and summary["applied"] >= 2
     assert summary["tokens"] == tokens["applied"] + tokens["rejected"]
     assert len(summary["pids"]) == 5 and _alive(summary["pids"]) == []  # nothing left running
+    # Every learner ended on the job's Stop, even one still training when the leader went
+    # (not killed while it waited for a leader that had stopped), and wrote its stats.
+    for j in range(2):
+        log = (tmp_path / "run" / "logs" / f"learner{j}.log").read_text()
+        assert "stopped (the job stopped" in log and "control plane lost" not in log, log[-2000:]
+        stats = json.loads((tmp_path / "run" / f"learner{j}" / "stats.json").read_text())
+        assert stats["rounds"] >= 1
     version, params = final_params(tmp_path / "run")  # every follower at one version
     assert version == summary["version"]
     # The same core and numerics as the simulator: its replay recomputes the run exactly.

@@ -24,14 +24,19 @@ It runs in well under a minute on a laptop CPU (tiny model, a few rounds).""",
         """import collections
 import dataclasses
 import json
+import os
 
 from IPython.display import Image, display
 
 from dipsjax.runtime import timeline
 from dipsjax.sim.simulator import SimConfig, replay, simulate, tree_equal
 
-ROUND = 4 * 16 * 8 * 64   # tokens of one full round: 4 learners x 16 steps x 8 x 64 tokens
-base = SimConfig(method="sync_diloco", eta=100, token_budget=6 * ROUND)
+# The test suite runs it on tiny settings (DIPSJAX_NOTEBOOK_TINY=1): smaller rounds.
+TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
+shape = dict(batch_size=4, seq_len=32, inner_steps=8) if TINY else {}
+base = SimConfig(method="sync_diloco", eta=100, **shape)
+ROUND = base.learners * base.inner_steps * base.batch_size * base.seq_len  # a full round
+base = dataclasses.replace(base, token_budget=6 * ROUND)
 runs = {m: simulate(dataclasses.replace(base, method=m)) for m in ("sync_diloco", "dips")}
 for m, res in runs.items():
     print(f"{m:12s} rounds {res.rounds:2d}  virtual time {res.virtual_time:7.1f} s  "

@@ -31,16 +31,22 @@ LAUNCH = (
 )
 
 
-def _sim(**kw):
+#: Inner steps a round: few, so that a round is mostly its outer communication (what the
+#: faults hit) and the replay in ``_check_run``, which retrains every push, stays short.
+INNER_STEPS = 4
+
+
+def _sim(pushes=16, **kw):
+    """The faulted runs' experiment; its budget is ``pushes`` full pushes a learner."""
     base = dict(
         method="dips",
         learners=3,
         followers=2,
-        inner_steps=12,
-        token_budget=3 * 12 * 512 * 16,
+        inner_steps=INNER_STEPS,
         speeds=(1, 1.3, 1.6),
     )
-    return SimConfig(**{**base, **kw})
+    sim = SimConfig(**{**base, **kw})
+    return dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
 
 
 def _start(spec, tmp_path):
@@ -210,7 +216,7 @@ def test_a_cut_link_is_retried_while_short_and_ends_the_incarnation_when_longer(
     and the launcher starts a new incarnation on a new link."""
     # A budget long enough that learner 1's next incarnation (compiling for some 15 s)
     # joins before the others reach it.
-    sim = _sim(token_budget=3 * 12 * 512 * 24)
+    sim = _sim(pushes=24)
     run = tmp_path / "run"
     spec = dataclasses.replace(
         make_spec(sim, run), link_cuts=((0, 2.5), (1, 120.0)), transfer_patience=6.0
@@ -380,7 +386,7 @@ def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path)
     push dropped, its leases back in the ledger). Woken up, it learns it was evicted,
     exits with code 75, and the launcher starts a new incarnation (a longer run: the new
     incarnation compiles before it joins)."""
-    sim = _sim(token_budget=3 * 12 * 512 * 60)
+    sim = _sim(pushes=60)
     run, spec, launcher = _start_calm(tmp_path, sim)
     pid = json.loads((run / "pids.json").read_text())["learner2"]
     stopped_at = _status(run)["t"]
@@ -417,7 +423,7 @@ def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
     from dipsjax.runtime import snapshot
     from dipsjax.runtime.run import launch, resumable
 
-    sim = _sim(learners=2, speeds=(1, 1.3), token_budget=2 * 12 * 512 * 16)
+    sim = _sim(learners=2, speeds=(1, 1.3))
     run = tmp_path / "run"
     launcher = _start(make_spec(sim, run), tmp_path)
     _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)

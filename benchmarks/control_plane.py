@@ -9,8 +9,8 @@ the follower's ``FollowerNorms`` to the ``Decide`` on its watch stream (a decisi
 the data plane (one pushing a 100M-parameter BF16 model to a follower's data-plane server
 over and over).
 
-Run: ``.venv/bin/python benchmarks/control_plane.py`` (``--tiny``: 5 rounds and 30
-heartbeats each, a 10M-parameter model saturating; a harness check whose figures mean
+Run: ``.venv/bin/python benchmarks/control_plane.py`` (``--tiny``: 3 rounds and 20
+heartbeats each, a 2M-parameter model saturating; a harness check whose figures mean
 nothing).
 """
 
@@ -116,7 +116,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     args = parser.parse_args()
-    size = dict(rounds=5, beats=30) if args.tiny else {}
+    size = dict(rounds=3, beats=20) if args.tiny else {}
     run_dir = Path(tempfile.mkdtemp(prefix="dipsjax-cp-"))
     # The clients beat only when they measure heartbeats: a long interval, so that the
     # leader does not evict them for their silence meanwhile.
@@ -136,11 +136,11 @@ def main() -> None:
         results["idle"] = _measure(spec, incarnation=0, **size)
         ctx = mp.get_context("spawn")
         stop, started = ctx.Event(), ctx.Event()
-        hog = ctx.Process(target=_saturate, args=(stop, started, 5 if args.tiny else 50))
+        hog = ctx.Process(target=_saturate, args=(stop, started, 1 if args.tiny else 50))
         hog.daemon = True
         hog.start()
         started.wait(120)
-        time.sleep(1.0)
+        time.sleep(0.2 if args.tiny else 1.0)
         results["saturated"] = _measure(spec, incarnation=1, **size)
         stop.set()
         hog.join(30)

@@ -1,7 +1,7 @@
 """Throughput of the dipsjax learner step against a minimal hand-written flax + optax loop.
 
 Run: ``python benchmarks/learner_step.py`` (25-45 s on 2 shared CPU cores; ``--tiny``, a
-harness check whose figures mean nothing: d = 32, 1 layer, 8 x 16 tokens, 2 steps, 3 trials).
+harness check whose figures mean nothing: d = 32, 1 layer, 8 x 16 tokens, 2 steps, 1 trial).
 
 Three loops train the same model (same configuration, initial parameters and batches) in
 one process, interleaved trial by trial in a rotating order, after warm-up; each reports
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.tiny:
         args.d_model, args.layers, args.batch, args.seq = 32, 1, 8, 16
-        args.steps, args.trials, args.warmup = 2, 3, 1
+        args.steps, args.trials, args.warmup = 2, 1, 1
 
     config = get_config(
         "small",

@@ -14,9 +14,9 @@ that nothing was lost (the stand-ins' token count against the leader's books, ev
 in one round) and ends with the figures.
 
 Run: ``.venv/bin/python benchmarks/load.py`` (``--model small``, 3.3M parameters, by
-default; ``--model tiny --pushes 64`` for a quick run; ``--tiny``: 4 stand-ins in 2
-processes, 2 followers, the tiny model, 16 pushes, a harness check whose figures mean
-nothing).
+default; ``--model tiny --pushes 64`` for a quick run; ``--tiny``: 2 stand-ins in 1
+process, 2 followers, the tiny model, 4 pushes, a 1 s baseline, a harness check whose
+figures mean nothing).
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="niceness of all but the leader")
     parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     args = parser.parse_args()
+    idle = {}  # seconds of the idle baseline: launch_load's default (3 s)
     if args.tiny:
-        args.learners, args.followers, args.model, args.pushes, args.groups = 4, 2, "tiny", 16, 2
+        args.learners, args.followers, args.model, args.pushes, args.groups = 2, 2, "tiny", 4, 1
+        idle = dict(idle_seconds=1.0)
 
     from dipsjax.runtime.run import make_spec
     from dipsjax.runtime.standin import launch_load
@@ -68,7 +70,7 @@ def main() -> None:
     spec = make_spec(sim, run_dir)
     print(f"{args.learners} stand-ins, {len(spec.followers)} followers, {args.model}; {run_dir}")
     out = launch_load(
-        spec, groups=args.groups, timeout=1800, leader_core=args.leader_core, nice=args.nice
+        spec, groups=args.groups, timeout=1800, leader_core=args.leader_core, nice=args.nice, **idle
     )
     stats = list(out["standins"].values())
     books = out["status"]["tokens"]

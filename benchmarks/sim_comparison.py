@@ -10,7 +10,7 @@
 
 Both runs train the tiny model for real on Austen; only the clock is simulated.
 Run: ``.venv/bin/python benchmarks/sim_comparison.py [--quick]`` (``--tiny`` checks the
-harness only: one round per learner, eta = 200 alone, 4 learners and H = 4 in the weak
+harness only: one round per learner, eta = 200 alone, H = 4, 4 learners in the weak
 scaling, a compilation cache; its figures mean nothing).
 """
 
@@ -38,9 +38,11 @@ def main() -> None:
     t0 = time.perf_counter()
     ratios = {}
     for eta in () if args.only == "weak" else (200,) if args.tiny else (50, 100, 200):
-        budget = 4 * 16 * 512 * (1 if args.tiny else 4 if args.quick else 8)
-        sync = simulate(SimConfig(method="sync_diloco", eta=eta, token_budget=budget))
-        dips = simulate(SimConfig(method="dips", eta=eta, token_budget=budget))
+        # The tiny form: H = 4 (else the default, 16).
+        steps = dict(inner_steps=4) if args.tiny else {}
+        budget = 4 * 512 * (4 if args.tiny else 16 * (4 if args.quick else 8))
+        sync = simulate(SimConfig(method="sync_diloco", eta=eta, token_budget=budget, **steps))
+        dips = simulate(SimConfig(method="dips", eta=eta, token_budget=budget, **steps))
         ratios[eta] = dips.tokens_per_second / sync.tokens_per_second
         print(
             f"eta={eta:3d}: sync DiLoCo {sync.tokens_per_second:7.0f} tok/s "

@@ -10,8 +10,8 @@ Two modes: learners that wait for their pull (Di-PS) and learners that keep trai
 work competes with the learners for the CPU, which a cluster does not have to.
 
 Run: ``.venv/bin/python benchmarks/system.py`` (``--rounds 3`` for a quick run; ``--tiny``
-checks the harness only: 2 learners, 1 follower, H = 4, 1 round, no checkpoints, one
-compilation cache for every process; its figures mean nothing).
+checks the harness only: 1 learner, 1 follower, H = 4, 1 round, no checkpoints, one
+compilation cache for every process, small programs included; its figures mean nothing).
 """
 
 from __future__ import annotations
@@ -88,10 +88,12 @@ def main() -> None:
     args = parser.parse_args()
     m, f, h = 4, 2, 64
     if args.tiny:
-        m, f, h, args.rounds, args.checkpoints = 2, 1, 4, 1, "off"
-        # Every process of both modes (and the solo learners) shares one compilation cache.
+        m, f, h, args.rounds, args.checkpoints = 1, 1, 4, 1, "off"
+        # Every process of both modes (and the solo learners) shares one compilation cache,
+        # which keeps every program (by default only those that took a second to compile).
         cache = tempfile.mkdtemp(prefix="dipsjax-sys-cache-")
         os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", cache)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     budget = m * args.rounds * h * 8 * 64
     modes = {
         "waiting": dict(method="dips"),

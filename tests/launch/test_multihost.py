@@ -23,7 +23,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_a_partition_spread_over_two_processes_trains_and_comes_back_whole_when_one_dies(
     tmp_path,
 ):
-    sim = SimConfig(method="dips", learners=1, followers=2, token_budget=16 * 512 * 4)
+    # Four rounds of H = 4 steps of 8 x 64 tokens: enough to train it (and to kill it) by
+    # the checks below; every step is slow, spread over two processes.
+    sim = SimConfig(method="dips", learners=1, followers=2, inner_steps=4, token_budget=4 * 512 * 4)
     run = tmp_path / "run"
     spec = make_spec(sim, run, heartbeat_interval=1.0)
     spread = Requirements(processes=2, cpu_devices=2)

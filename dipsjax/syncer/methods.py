@@ -22,6 +22,7 @@ imports JAX.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from dipsjax import rules
@@ -95,27 +96,34 @@ class Method:
     settings: MethodSettings
 
     def make_tx(self) -> Any:
-        """The followers' outer chain (imports JAX)."""
-        from dipsjax import outer
+        """The followers' outer chain (imports JAX). Equal methods get the same chain
+        object: the followers' jitted steps take it as a static argument, so a process
+        that builds many worlds (the simulator, its replays, tests) compiles them once."""
+        return _make_tx(self.name, self.settings, self.leader.max_norm)
 
-        s, a = self.settings, self.settings.anomaly
-        lr, mom = s.outer_lr, s.outer_momentum
-        if self.name == "dips":
-            return outer.dips(
-                lr,
-                mom,
-                alpha=a.alpha,
-                beta=a.beta,
-                history=a.history,
-                warmup=a.warmup,
-                min_max_score=a.min_max_score,
-                min_sigma_ratio=a.min_sigma_ratio,
-                max_norm=self.leader.max_norm,
-            )
-        if self.name == "decoupled":
-            full = s.full_round_tokens if s.round_token_scale else None
-            return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full)
-        return outer.diloco(lr, mom)
+
+@functools.lru_cache(maxsize=64)
+def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
+    from dipsjax import outer
+
+    a = s.anomaly
+    lr, mom = s.outer_lr, s.outer_momentum
+    if name == "dips":
+        return outer.dips(
+            lr,
+            mom,
+            alpha=a.alpha,
+            beta=a.beta,
+            history=a.history,
+            warmup=a.warmup,
+            min_max_score=a.min_max_score,
+            min_sigma_ratio=a.min_sigma_ratio,
+            max_norm=max_norm,
+        )
+    if name == "decoupled":
+        full = s.full_round_tokens if s.round_token_scale else None
+        return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full)
+    return outer.diloco(lr, mom)
 
 
 def build(name: str, settings: MethodSettings | None = None) -> Method:

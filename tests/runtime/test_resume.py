@@ -35,7 +35,11 @@ def _stop_at_version(spec, version, tmp_path, after=0.5):
         try:
             st = json.loads(status.read_text())
             pushed = [v["tokens"] > 0 for v in st["learners"].values()]
-            if st["version"] >= version and len(pushed) == spec.sim.learners and all(pushed):
+            # Not in an outer step: a follower's staged inputs are not durable yet (issue 17
+            # item 10), so a stop there leaves a round no restarted follower can redo.
+            calm = st["phase"] in ("idle", "collecting", "transfers", "pull")
+            everyone = len(pushed) == spec.sim.learners and all(pushed)
+            if st["version"] >= version and everyone and calm:
                 break
         except (OSError, ValueError):
             pass

@@ -52,7 +52,7 @@ from tensorboardX import SummaryWriter
 from dipsjax import outer
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
-from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds
+from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
@@ -170,10 +170,7 @@ class FollowerNode:
             d = self.data
             with d._lock:
                 doc = {"refused": dict(d.refused), **self.resent, **d.stats}
-            path = Path(self.spec.run_dir) / f"follower{self.k}" / "metrics.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(path)
+            write_json(Path(self.spec.run_dir) / f"follower{self.k}" / "metrics.json", doc)
 
     def on_pull(self, version: int) -> tuple[int, dict[int, Any]]:
         with self.lock:

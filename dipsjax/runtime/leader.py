@@ -44,7 +44,7 @@ import grpc
 
 from dipsjax.data.ledger import new_ledger
 from dipsjax.runtime.client import keepalive_options
-from dipsjax.runtime.spec import RunSpec, write_cpu_seconds
+from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.leader import Leader, Phase
@@ -197,13 +197,10 @@ class LeaderNode:
             with self.tape_path.open("a") as f:
                 f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
             self.taped += len(records)
-        snap = self.dir / "leader" / "snapshot.json"
-        tmp = snap.with_suffix(".tmp")
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
         state["transport_refused"] = dict(self.refused)
-        tmp.write_text(json.dumps(state, allow_nan=False))
-        os.replace(tmp, snap)  # atomic
+        write_json(self.dir / "leader" / "snapshot.json", state, allow_nan=False)
         for r in records:
             if self.began is None and r["kind"] == "membership" and r["event"] == "active":
                 self.began = r["t"]
@@ -216,7 +213,7 @@ class LeaderNode:
                     "participants": len(r["participants"]),
                     "phases": phase_seconds(r["timings"], r["grace"]),
                 }
-        (self.dir / "leader" / "status.json").write_text(json.dumps(self.status()))
+        write_json(self.dir / "leader" / "status.json", self.status())
 
     def status(self) -> dict:
         """What ``dipsjax run`` shows while training and ``dipsjax status`` reads."""

@@ -72,7 +72,7 @@ from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
-from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address
+from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address, write_json
 from dipsjax.sim.world import push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -650,10 +650,8 @@ class LearnerNode:
         tr["last"] = time.perf_counter()
 
     def _write_reported(self) -> None:
-        tmp = self.reported_path.with_suffix(".tmp")
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"tokens": self.reported}))
-        os.replace(tmp, self.reported_path)  # atomic: a stop never leaves half a file
+        self.reported_path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.reported_path, {"tokens": self.reported})  # a stop leaves a whole file
         self.write_stats()  # so a learner killed hard still leaves its count in its stats
 
     def write_stats(self) -> None:
@@ -677,9 +675,7 @@ class LearnerNode:
             "partition_calls": self.compute.calls,  # computations, shared if spread
             "processes": self.compute.partition.num_processes,
         }
-        tmp = out / "stats.json.tmp"
-        tmp.write_text(json.dumps(stats))
-        os.replace(tmp, out / "stats.json")
+        write_json(out / "stats.json", stats)
 
     def solo(self, rounds: int) -> None:
         """The same learner with no outer communication: ``rounds`` rounds back to back on a

@@ -39,7 +39,7 @@ from dipsjax.launch.core import Experiment, requirements_from_config, role_jobs
 from dipsjax.launch.local import Local
 from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
-from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec
+from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, write_json
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.tape import EventTape, phase_seconds
@@ -184,7 +184,7 @@ class Healer:
             self.count[name] = self.count.get(name, 0) + 1
             if name.startswith("learner"):
                 self.incarnations[name] = self.incarnations.get(name, 0) + 1
-                (self.run_dir / "incarnations.json").write_text(json.dumps(self.incarnations))
+                write_json(self.run_dir / "incarnations.json", self.incarnations)
             self.start(name, *self.args(name))
             record = {"role": name, "rc": rc, "seen": seen - self.t0, "restarted": now - self.t0}
             with (self.run_dir / "restarts.jsonl").open("a") as fh:
@@ -480,7 +480,7 @@ def finish(spec: RunSpec, wall: float, evaluate: bool = True, **extra: Any) -> d
     if evaluate:
         summary["curve"] = evaluate_run(spec)
         plot(summary["curve"], run_dir / "loss.png")
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(run_dir / "summary.json", summary, indent=1)
     return summary
 
 

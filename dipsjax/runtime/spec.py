@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import ssl
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,7 @@ class RunSpec:
         return cls(**d)
 
     def write(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+        write_json(path, self.to_json(), indent=1)
 
     @classmethod
     def read(cls, path: str | Path) -> RunSpec:
@@ -210,6 +211,17 @@ class RunSpec:
 REFUSED_EXIT = 78
 
 
+def write_json(path: str | Path, doc: Any, **dumps: Any) -> None:
+    """Write ``doc`` as JSON to ``path`` whole: through a temporary file and ``os.replace``,
+    so a process that reads it while it is written (the launcher, ``dipsjax status``, a test)
+    sees the old file or the new one, never an empty or half one, and a process killed
+    mid-write leaves the old one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, **dumps))
+    os.replace(tmp, path)
+
+
 def write_cpu_seconds(path: str | Path) -> None:
     """This process's CPU seconds (user + system, all threads) as ``{"cpu_seconds": x}``:
     where the CPU went in a run (``benchmarks/system.py`` reads them)."""
@@ -217,7 +229,7 @@ def write_cpu_seconds(path: str | Path) -> None:
 
     use = resource.getrusage(resource.RUSAGE_SELF)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"cpu_seconds": use.ru_utime + use.ru_stime}))
+    write_json(path, {"cpu_seconds": use.ru_utime + use.ru_stime})
 
 
 def address(host_port: str) -> tuple[str, int]:

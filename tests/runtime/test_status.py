@@ -93,3 +93,22 @@ def test_status_needs_the_jobs_credentials_and_a_running_leader(run, tmp_path, c
     assert "refused the job credential" in capsys.readouterr().err
     assert status_cmd.main([str(tmp_path), "--once"]) == 1
     assert "no spec.json" in capsys.readouterr().err
+
+
+def test_the_files_others_read_while_the_leader_runs_are_replaced_whole(run):
+    """``status.json`` and ``snapshot.json`` are read while the leader writes them (the
+    launcher, ``dipsjax status``, the fault tests): each write must replace the file whole
+    (a new inode), never truncate and refill it in place, where a reader in between reads
+    an empty or half file (a CI run failed on an empty ``status.json``)."""
+    run_dir, spec = run
+    client = ControlClient(spec, follower=0)
+    client.call(m.FollowerJoined(0.0, 0, 0, address=spec.followers[0]), timeout=30)
+    names = ("status.json", "snapshot.json")
+    before = {n: os.stat(run_dir / "leader" / n).st_ino for n in names}
+    learner = ControlClient(spec, learner=0)
+    assert learner.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=30) == []
+    after = {n: os.stat(run_dir / "leader" / n).st_ino for n in names}
+    for c in (learner, client):
+        c.close()
+    assert all(before[n] != after[n] for n in names), (before, after)
+    assert not list((run_dir / "leader").glob("*.tmp"))

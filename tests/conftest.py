@@ -27,3 +27,16 @@ settings.register_profile(
     derandomize=True,
 )
 settings.load_profile("dipsjax")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n 2 --dist loadgroup`` (the suite's default, see ``pyproject.toml``),
+    the tests that start real processes (marked ``integration``, and the notebook that
+    launches a local cluster) run one after another on one worker: each already loads
+    both cores, and two at once would stretch the heartbeat and deadline timings they
+    assert. The in-process tests (simulator, cores, notebooks) run on the other worker."""
+    import pytest
+
+    for item in items:
+        if item.get_closest_marker("integration") or "local_cluster" in item.nodeid:
+            item.add_marker(pytest.mark.xdist_group("processes"))

@@ -35,6 +35,7 @@ import contextlib
 import fcntl
 import functools
 import json
+import os
 import signal
 import sys
 import threading
@@ -140,6 +141,8 @@ class FollowerNode:
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
         self.follower.address = self.address
         self.exit_code = 0
+        if resume is not None:  # restarted: it may hold a decided round's inputs
+            self._restore_inputs()
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
@@ -205,7 +208,9 @@ class FollowerNode:
         (returns False). The bookkeeping of an outer step comes after its report."""
         after = None
         for c in commands:
-            if isinstance(c, m.Save):
+            if isinstance(c, m.Save) and c.kind == "inputs":
+                self._save_inputs(c.round_id, c.version)
+            elif isinstance(c, m.Save):
                 self._save_version(c.version)
                 d, a = self.follower.last_applied
                 after = functools.partial(self._after_apply, d, a, c.version, apply_s)
@@ -237,6 +242,64 @@ class FollowerNode:
                 f"follower {self.k}: checkpoint of version {version} failed, "
                 f"not reporting it: {e!r}"
             ) from e
+
+    @property
+    def inputs_path(self) -> Path:
+        return Path(self.spec.run_dir) / f"follower{self.k}" / "inputs.npz"
+
+    def _save_inputs(self, round_id: int, version: int) -> None:
+        """The inputs of decided ``round_id`` (its ``Decide`` and stacked batch), on disk on
+        return, whole (a temporary file, synced, then renamed): a follower killed while
+        the round is applied restarts from the checkpoint of ``version`` holding them and
+        redoes the step. One file, the newest decided round's (one round is decided at a
+        time). A write that fails ends the process non-zero before the merge is reported:
+        the leader never applies a round whose inputs one follower could lose."""
+        if not self.spec.checkpoints:
+            return
+        decision, stacked = self.follower.round_inputs(round_id)
+        arrays, dtypes = {}, []
+        for i, leaf in enumerate(outer.flatten(stacked).values()):
+            x = np.asarray(leaf)
+            dtypes.append(str(x.dtype))
+            # BF16 as its bits: npz keeps only numpy's own dtypes.
+            arrays[f"a{i}"] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
+        doc = {"version": version, "dtypes": dtypes, "decide": m.to_json(decision)}
+        path = self.inputs_path
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as fh:
+                np.savez(fh, __doc__=np.asarray(json.dumps(doc)), **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except Exception as e:
+            raise SystemExit(
+                f"follower {self.k}: saving the inputs of round {round_id} failed, "
+                f"not reporting its merge: {e!r}"
+            ) from e
+
+    def _restore_inputs(self) -> None:
+        """A restarted follower takes back the inputs it saved, if they are of the version
+        it restored (the core decides; see ``Follower.restore_inputs``)."""
+        path = self.inputs_path
+        if not path.exists():
+            return
+        with np.load(path) as z:
+            doc = json.loads(str(z["__doc__"]))
+            flat = outer.flatten(self.follower.params)
+            leaves = {}
+            for i, (p, dtype) in enumerate(zip(flat, doc["dtypes"], strict=True)):
+                x = z[f"a{i}"]
+                leaves[p] = x.view(jnp.bfloat16) if dtype == "bfloat16" else x
+        decision = m.from_json(doc["decide"])
+        assert isinstance(decision, m.Decide), path
+        if self.follower.restore_inputs(int(doc["version"]), decision, outer.unflatten(leaves)):
+            print(
+                f"follower {self.k}: holds the inputs of round {decision.round_id} "
+                f"(decided at version {doc['version']})",
+                flush=True,
+            )
 
     def _send_until_up(self, commands: list[m.Command]) -> None:
         """Sends the core's join commands, waiting for a leader that may be restarting

@@ -21,6 +21,7 @@ Timing (virtual seconds):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from collections.abc import Callable
@@ -76,7 +77,8 @@ class LocalCluster:
         self.follower_free = [0.0] * len(followers)
         self.comm_time = 0.0
         self.phases = {"push": 0.0, "update": 0.0}
-        self.saves = 0  # the followers' Save commands (checkpoints a runtime would write)
+        # The followers' Save commands by kind (what a runtime would write).
+        self.saves: collections.Counter[str] = collections.Counter()
         self.refused = 0  # pushes a follower refused (a round that ended meanwhile)
         self.exits: dict[int, m.Exit] = {}  # followers told to end (Stop)
         self.hung_until = [float("-inf")] * len(followers)
@@ -125,11 +127,11 @@ class LocalCluster:
     def follower_commands(self, k: int, commands: list[m.Command], t: float) -> None:
         """Carries out follower ``k``'s commands of time ``t``: each ``Send`` reaches the
         leader ``2 * latency`` later (a ``FollowerApplied`` once the outer step's
-        ``update_seconds`` are over); a ``Save`` is counted (nothing to write here)."""
+        ``update_seconds`` are over); a ``Save`` is counted by kind (nothing to write here)."""
         cfg = self.world.cfg
         for c in commands:
             if isinstance(c, m.Save):
-                self.saves += 1
+                self.saves[c.kind] += 1
             elif isinstance(c, m.Send):
                 due = t + (
                     cfg.update_seconds

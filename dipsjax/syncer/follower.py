@@ -323,6 +323,33 @@ class Follower:
         self._forget(decision.round_id)
         return self.state.version
 
+    def round_inputs(self, round_id: int) -> tuple[Decide, Any]:
+        """A decided round's inputs, its ``Decide`` and stacked batch (``[capacity, ...]``
+        per tensor, at staging precision): what a driver writes for ``Save("inputs")``."""
+        return self.decisions[round_id], self._batch[round_id][1]
+
+    def restore_inputs(self, version: int, decision: Decide, stacked: Any) -> bool:
+        """A restarted follower takes back the inputs of a round decided at ``version``
+        (what :meth:`round_inputs` gave before it was killed) and lists the round in its
+        join, so a leader applying it sends the ``Apply`` again and this follower redoes
+        the step it lost. Inputs of another version (it checkpointed the step, or the
+        round was decided before an older checkpoint) or of a round that ended here are
+        ignored; returns whether they were taken."""
+        r = decision.round_id
+        if version != self.version or r in self._done:
+            return False
+        want = outer.flatten(self.state.params)
+        got = outer.flatten(stacked)
+        if got.keys() != want.keys() or any(
+            tuple(np.shape(got[p])) != (self.capacity, *want[p].shape) for p in want
+        ):
+            raise ValueError(
+                f"follower {self.follower_id}: saved inputs of round {r} do not fit its shard"
+            )
+        self._batch[r] = (tuple(decision.learners), jax.tree.map(jnp.asarray, stacked))
+        self.decisions[r] = decision
+        return True
+
     def holds(self, round_id: int, learners: tuple[int, ...] | None = None) -> bool:
         """Whether this follower can serve ``round_id``: its batch is stacked, or (given the
         round's ``learners``) every one of their shards is staged."""
@@ -410,7 +437,10 @@ class Follower:
             if r not in self._batch:
                 return self._lost(now, f"no batch of round {r}", r)
             merged = self.merged_partial(action)  # keeps the Decide until apply or discard
-            return [Send(FollowerMerged(now, k, r, merged))]
+            # Its inputs on disk before the leader can send any Apply (it waits for every
+            # FollowerMerged): a follower killed while the others apply the round restarts
+            # holding them and redoes V -> V+1 (see restore_inputs).
+            return [Save("inputs", r, self.version), Send(FollowerMerged(now, k, r, merged))]
         if isinstance(action, Apply):
             return self._on_apply(action, now)
         if isinstance(action, Discard):
@@ -430,8 +460,8 @@ class Follower:
         if a.version != self.version + 1:
             return self._lost(now, f"at version {self.version}, cannot apply version {a.version}")
         if r not in self._batch or r not in self.decisions:
-            # Inputs it no longer holds (it restarted mid-apply): only durable inputs could
-            # redo the step; the leader hears it and decides.
+            # Inputs it does not hold (it restarted mid-apply without them: no checkpoints
+            # in this run): the leader hears it and decides.
             return self._lost(now, f"no inputs of round {r}")
         self._end_before(r)
         decision = self.decisions[r]

@@ -443,8 +443,10 @@ class Pull(Command):
 @dataclasses.dataclass(frozen=True)
 class Save(Command):
     """Checkpoint: a learner's inner state as checkpoint ``step`` (``kind`` ``start``: at
-    a round's start, or ``pushed``: its push is on the followers, of ``round_id``), or a
-    follower's shard at ``version`` (``kind`` ``version``)."""
+    a round's start, or ``pushed``: its push is on the followers, of ``round_id``), a
+    follower's shard at ``version`` (``kind`` ``version``), or a follower's inputs of
+    decided round ``round_id`` at ``version`` (``kind`` ``inputs``: its batch and
+    ``Decide``, :meth:`~dipsjax.syncer.follower.Follower.round_inputs`)."""
 
     kind: str
     round_id: int = -1

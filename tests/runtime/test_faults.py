@@ -246,8 +246,7 @@ def test_a_cut_link_is_retried_while_short_and_ends_the_incarnation_when_longer(
 
 def _calm(run, learners):
     """Version 2, every learner in (none still compiling), and no follower applying an
-    outer step (killing one then would stop the run loudly: its shards would disagree
-    with the others' on the version)."""
+    outer step (each test kills at the moment it is about; the outer step has its own)."""
     st = _status(run)
     pushed = [v["tokens"] > 0 for v in st["learners"].values()]
     return (
@@ -315,6 +314,32 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
         assert f"follower 1 moved to 127.0.0.1:{port}" in learners
         metrics = json.loads((run / "follower1" / "metrics.json").read_text())
         assert metrics["pushes"] > 0 and metrics["pulls"] > 0
+
+
+def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_inputs(tmp_path):
+    """Bug (issue 17 item 10): a follower killed between the leader's ``Apply`` and its own
+    checkpoint came back at v without the round's inputs while the other follower had
+    applied it: the run stopped ("came back at version v without the inputs of round r"),
+    far short of its budget. Now it saved the inputs before it reported its merge: its
+    restart (from the checkpoint of v) holds them, joins listing the round, is sent the
+    ``Apply`` again and applies v + 1; the run reaches its budget and replays exactly.
+    ``apply_delay`` holds each follower 0.6 s before its outer step, so the kill lands
+    inside it."""
+    sim = _sim(pushes=8)
+    run, _spec, launcher = _start_calm(tmp_path, sim, apply_delay=0.6)
+    st = _wait(lambda: (s := _status(run))["phase"] == "apply" and s, "an outer step", launcher)
+    _kill(run, "follower1")
+    summary = _finish(launcher, run)
+    tape = _check_run(run, sim, summary)
+    _only_restart(run, "follower1")
+    r, v = st["round"]["id"], st["version"]
+    log = (run / "logs" / "follower1.log").read_text()
+    assert f"follower 1: resumed at version {v}" in log
+    assert f"follower 1: holds the inputs of round {r} (decided at version {v})" in log
+    (applied,) = [x for x in tape.round_records() if x.round_id == r]
+    assert applied.applied and applied.version == v + 1
+    decisions = (run / "follower1" / "decisions.jsonl").read_text().splitlines()
+    assert sum(json.loads(x)["round"] == r for x in decisions) == 1  # applied once
 
 
 def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp_path):

@@ -111,7 +111,7 @@ def test_a_fault_free_round_applies_once_on_every_follower_with_one_save_each():
     _run(cluster, 10.0)
     assert cluster.leader.version == 1
     assert [f.version for f in cluster.followers] == [1, 1]
-    assert cluster.saves == 2 and cluster.refused == 0
+    assert cluster.saves == {"inputs": 2, "version": 2} and cluster.refused == 0
     assert learners.pulled == {0: [0, 1], 1: [0, 1]}
     want = _outer_step()
     for p in MODEL:
@@ -137,13 +137,13 @@ def test_a_follower_whose_stream_breaks_mid_round_has_the_round_discarded_then_r
     assert cluster.lost_actions == 1  # the Decide, sent into the broken stream
     follower_1 = [r["event"] for r in cluster.leader.tape.records if r.get("follower") == 1]
     assert follower_1 == ["lost", "joined"]  # one word each: nothing more came of the Decide
-    assert [f.version for f in cluster.followers] == [0, 0] and cluster.saves == 0
+    assert [f.version for f in cluster.followers] == [0, 0] and cluster.saves["version"] == 0
     assert learners.pulled == {0: [0, 0], 1: [0, 0]}
     learners.push(6.0, 0, 0)
     learners.push(6.0, 1, 0)
     _run(cluster, 12.0)
     assert _outcomes(cluster) == [("discarded", 0), ("applied", 1)]
-    assert [f.version for f in cluster.followers] == [1, 1] and cluster.saves == 2
+    assert [f.version for f in cluster.followers] == [1, 1] and cluster.saves["version"] == 2
     assert cluster.leader.version == 1
 
 
@@ -162,7 +162,7 @@ def test_a_stream_broken_while_the_round_is_applied_still_applies_it():
     assert cluster.lost_actions == 1  # the Apply
     assert _outcomes(cluster) == [("applied", 0)]
     assert [f.version for f in cluster.followers] == [1, 1] and cluster.leader.version == 1
-    assert cluster.saves == 2
+    assert cluster.saves["version"] == 2
 
 
 @pytest.mark.parametrize("late", [False, True])

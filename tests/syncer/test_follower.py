@@ -377,7 +377,8 @@ def _merged_round(f, r, t=1.0):
     assert f.handle(L.RequestNorms(r, (0, 1), (0, 0)), t) == [
         L.Send(L.FollowerNorms(t, 0, r, (4.0, 16.0)))
     ]
-    [merged] = f.handle(_decide(r), t)
+    save, merged = f.handle(_decide(r), t)
+    assert save == L.Save("inputs", r, f.version)  # on disk before the leader hears
     assert isinstance(merged.event, L.FollowerMerged) and merged.event.round_id == r
     return merged.event.merged_sq_norm
 
@@ -560,3 +561,39 @@ def test_resume_latest_without_a_checkpoint_starts_at_version_zero():
         resume_step([1, 2], 4)
     with pytest.raises(FileNotFoundError, match="no checkpoint of version 0"):
         resume_step([2, 3], 0)  # checkpoints of a run past version 0: not this run's state
+
+
+def test_a_follower_restarted_mid_apply_redoes_the_step_from_its_saved_inputs():
+    """Bug (issue 17 item 10): a follower killed while the round was applied came back at
+    v without the round's inputs; the others had applied it, so the job stopped
+    ("followers ended at different versions"). Its inputs (batch and Decide) are saved
+    before it reports its merge, hence before any Apply: a process restarted from the
+    checkpoint of v takes them back, lists the round in its join, and the Apply sent
+    again gives v + 1 bit for bit as the follower that was not killed."""
+    alive, killed = _protocol_follower(), _protocol_follower()
+    m = _merged_round(alive, 0)
+    assert _merged_round(killed, 0) == m
+    decision, stacked = killed.round_inputs(0)
+    saved = (decision, jax.tree.map(np.asarray, stacked))  # what the driver wrote
+    alive.handle(L.Apply(0, 1, 1.0, m), 2.0)
+    restarted = _protocol_follower()  # from the checkpoint of version 0
+    assert restarted.restore_inputs(0, *saved)
+    assert restarted.start(3.0, restarted=True) == [
+        L.Send(L.FollowerLost(3.0, 0, "restarted")),
+        L.Send(L.FollowerHeartbeat(3.0, 0)),
+        _joined(3.0, rounds=(0,)),
+    ]
+    assert restarted.handle(L.Apply(0, 1, 1.0, m), 4.0) == [
+        L.Save("version", 0, 1),
+        L.Send(L.FollowerApplied(4.0, 0, 0, 1)),
+    ]
+    np.testing.assert_array_equal(np.asarray(restarted.params["w"]), np.asarray(alive.params["w"]))
+    # Inputs of another version are not taken: a checkpoint of v + 1 was written (the step
+    # is done), or they are older than the checkpoint restored.
+    assert not restarted.restore_inputs(0, *saved)  # now at version 1
+    assert not _protocol_follower().restore_inputs(1, *saved)
+    zeros = {"w": np.zeros((2, 2), np.float32)}
+    ended = Follower(0, zeros, outer.diloco(), capacity=2, ended=[[0, 0]])
+    assert not ended.restore_inputs(0, *saved)  # round 0 ended here before
+    with pytest.raises(ValueError, match="do not fit its shard"):
+        _protocol_follower().restore_inputs(0, decision, {"w": np.zeros((2, 3, 3))})

@@ -132,7 +132,18 @@ class LeaderNode:
         return self.carry_out(actions)
 
     def carry_out(self, actions: list[m.Action]) -> list[m.Action]:
-        """Routes the core's actions, persists; returns the caller's replies."""
+        """Persists the core's state, then routes its actions; returns the caller's replies.
+
+        In that order: no action leaves before the state that produced it is on disk, so a
+        leader restarted from its snapshot never has to answer for an action it does not
+        know it sent (an ``Apply`` above all: followers apply it). A leader that cannot
+        persist ends at once, non-zero, with nothing of this event sent; the launcher
+        restarts it from the last snapshot it wrote."""
+        try:
+            self._persist()
+        except Exception as e:
+            print(f"leader: cannot persist its state, ending: {e!r}", flush=True)
+            os._exit(70)  # EX_SOFTWARE; from a gRPC handler thread, sys.exit would not do
         replies = []
         for a in actions:
             if isinstance(a, m.WakeAt):
@@ -145,7 +156,6 @@ class LeaderNode:
                 self._route(who, a)
             if isinstance(a, m.Stop):
                 self.stopped.set()
-        self._persist()
         return replies
 
     def _tick(self) -> None:

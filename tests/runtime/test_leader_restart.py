@@ -76,3 +76,43 @@ def test_a_leader_restarted_after_the_final_stop_tells_whoever_watches_and_exits
             proc.kill()
             proc.wait()
     assert time.monotonic() - t0 < 20
+
+
+def test_no_action_leaves_before_the_state_that_made_it_is_on_disk(tmp_path, monkeypatch):
+    """The leader persists, then routes (a review found routing first: a snapshot write that
+    failed after an ``Apply`` was queued left followers applying a round the restarted
+    leader did not know it had sent). Each routed action finds the snapshot already
+    holding the event that made it; a leader that cannot persist routes nothing."""
+    import json
+
+    sim = SimConfig(learners=1, followers=1, token_budget=10_000)
+    creds = credentials.create(tmp_path / "credentials").directory
+    port = free_port()
+    spec = RunSpec(
+        sim, f"127.0.0.1:{port}", (f"127.0.0.1:{port + 1}",), creds, str(tmp_path), (0,), 4
+    )
+    node = LeaderNode(spec)
+    seen = []
+
+    def route(who, action):
+        snap = json.loads((tmp_path / "leader" / "snapshot.json").read_text())
+        seen.append((type(action).__name__, len(snap["members"]) > 0))
+
+    monkeypatch.setattr(node, "_route", route)
+    node.handle(m.FollowerJoined(0.0, 0, 0))
+    node.handle(m.Join(0.0, 0))  # SendModel: routed once the snapshot has the member
+    assert ("SendModel", True) in seen and ("SendModel", False) not in seen
+    seen.clear()
+
+    def full_disk():
+        raise OSError(28, "No space left on device")
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(node, "_persist", full_disk)
+    monkeypatch.setattr(os, "_exit", exit_now)
+    node.leader.handle(m.Leave(0.0, 0))
+    with pytest.raises(SystemExit) as e:
+        node.handle(m.Join(0.0, 0))  # would send a SendModel
+    assert e.value.code != 0 and seen == []

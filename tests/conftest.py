@@ -29,6 +29,10 @@ settings.register_profile(
 settings.load_profile("dipsjax")
 
 
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n 2 --dist loadgroup`` (the suite's default, see ``pyproject.toml``),
     the tests that start real processes (marked ``integration``, and the notebook that

@@ -212,3 +212,18 @@ def test_recovery_tiny(tmp_path):
     expect(fig, [f"recovery_{r}_{k}_s" for r in roles for k in ("detect", "recover")])
     for r in roles:  # detected before (or as) it recovered, both after the kill
         assert 0 <= fig[f"recovery_{r}_detect_s"] <= fig[f"recovery_{r}_recover_s"]
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_chaos_tiny(tmp_path):
+    # One run: a follower killed in an outer step, a learner mid-push. The counts are exact:
+    # both faults survived, the run at its budget, nothing lost, trained twice or diverged.
+    fig = run_benchmark("chaos", "--tiny", timeout=600, tmp_path=tmp_path)
+    assert fig["chaos_faults"] == fig["chaos_faults_survived"] == 2
+    for name in ("runs_unfinished", "tokens_lost", "chunks_lost", "chunks_twice"):
+        assert fig[f"chaos_{name}"] == 0, name
+    assert fig["chaos_version_faults"] == 0
+    for role in ("follower", "learner"):  # detected before (or as) it recovered
+        assert 0 <= fig[f"chaos_{role}_detect_s"] <= fig[f"chaos_{role}_recover_s"]
+    assert 0 < fig["chaos_participation"] <= 1

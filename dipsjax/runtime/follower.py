@@ -257,12 +257,13 @@ class FollowerNode:
         if not self.spec.checkpoints:
             return
         decision, stacked = self.follower.round_inputs(round_id)
-        arrays, dtypes = {}, []
-        for i, leaf in enumerate(outer.flatten(stacked).values()):
+        arrays, dtypes = {}, {}
+        for path, leaf in outer.flatten(stacked).items():
             x = np.asarray(leaf)
-            dtypes.append(str(x.dtype))
+            key = "/".join(map(str, path))  # tensors by path, as save() keys them
+            dtypes[key] = str(x.dtype)
             # BF16 as its bits: npz keeps only numpy's own dtypes.
-            arrays[f"a{i}"] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
+            arrays[key] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
         doc = {"version": version, "dtypes": dtypes, "decide": m.to_json(decision)}
         path = self.inputs_path
         tmp = path.with_name(path.name + ".tmp")
@@ -287,11 +288,13 @@ class FollowerNode:
             return
         with np.load(path) as z:
             doc = json.loads(str(z["__doc__"]))
-            flat = outer.flatten(self.follower.params)
             leaves = {}
-            for i, (p, dtype) in enumerate(zip(flat, doc["dtypes"], strict=True)):
-                x = z[f"a{i}"]
-                leaves[p] = x.view(jnp.bfloat16) if dtype == "bfloat16" else x
+            for p in outer.flatten(self.follower.params):
+                key = "/".join(map(str, p))
+                if key not in doc["dtypes"]:
+                    raise ValueError(f"follower {self.k}: {path} has no tensor {key}")
+                x = z[key]
+                leaves[p] = x.view(jnp.bfloat16) if doc["dtypes"][key] == "bfloat16" else x
         decision = m.from_json(doc["decide"])
         assert isinstance(decision, m.Decide), path
         if self.follower.restore_inputs(int(doc["version"]), decision, outer.unflatten(leaves)):

@@ -1,0 +1,381 @@
+"""Chaos: ``dipsjax run`` with real processes while random roles are killed at random moments.
+
+Each run is a fresh launcher (Di-PS, 3 learners of speeds 1, 1.3, 1.6, 2 followers, the
+tiny model); while it trains, this script sends SIGKILL to roles picked from a seeded
+schedule, at moments picked from it too, one fault after another:
+
+* ``startup``: before the first version (learners compiling, followers warming up);
+* ``push``, ``apply``, ``pull``: once the leader's round is in that phase (``apply``: the
+  followers' outer step; the runs set ``apply_delay`` 0.3 s so that one lasts long enough
+  to be hit);
+* ``any``: after a random 0-3 s;
+* ``two``: two roles at once; ``twice``: one role, then its restart as soon as it is up;
+* ``stopped``: a learner or follower right after the leader stopped the job.
+
+After each fault it waits until the role is back (or 60 s) and records, on its own clock,
+how long the system took to **detect** it (the leader's record that a learner was evicted
+or replaced, that a follower was lost; for the leader, the launcher's restart) and to
+**recover** (the learner's new incarnation is active, the follower joined again, the
+leader wrote its ``resume`` record). Once a run has had its faults it runs to its
+budget; then :func:`dipsjax.runtime.audit.audit` counts, from the run's own records:
+tokens the learners reported that the leader's books lack, chunks trained twice or never
+(chunks, not batches: issue 17 item 6), versions out of order, followers that diverged.
+**Participation**: the run's time after its first applied round is cut into windows of
+twice the slowest learner's mean time between pushes; in each window a learner that was
+not down (between a kill and its next ``active`` record) counts as live, and as taking
+part if a push of it entered a decided round then; windows in which a follower or the
+leader was down are left out (no round could be applied). The figure is taking part over
+live.
+
+Goals (issue 17): every fault survived and every run finished (exit 0 at its budget), 0
+tokens lost, 0 chunks twice, detection < 5 s and recovery < 30 s per role, participation
+>= 90% of live learners.
+
+Run: ``.venv/bin/python benchmarks/chaos.py`` (``--runs 3 --faults 6 --seed 0``; ``--tiny``:
+one run, a follower killed mid-apply and a learner mid-push, a harness check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+LAUNCH = (
+    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
+)
+MOMENTS = ("startup", "push", "apply", "pull", "any", "two", "twice", "stopped")
+LEARNERS, FOLLOWERS = 3, 2
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _records(run: Path) -> list[dict]:
+    try:
+        lines = (run / "tape.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            break
+    return out
+
+
+class Chaos:
+    """One run under faults: start, kill, watch, audit."""
+
+    def __init__(self, base: Path, index: int, pushes: int, inner_steps: int) -> None:
+        from dipsjax.runtime.run import make_spec
+        from dipsjax.sim.config import SimConfig
+
+        sim = SimConfig(
+            method="dips",
+            learners=LEARNERS,
+            followers=FOLLOWERS,
+            inner_steps=inner_steps,
+            speeds=(1, 1.3, 1.6),
+        )
+        sim = dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
+        self.sim = sim
+        self.run = base / f"run{index}" / "run"
+        spec = make_spec(sim, self.run)
+        # Faults are the point here: every role may die many times.
+        self.spec = dataclasses.replace(spec, max_restarts=50, apply_delay=0.3)
+        path = base / f"run{index}" / "spec.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.spec.write(path)
+        self.launcher = subprocess.Popen(
+            [sys.executable, "-c", LAUNCH, str(path)], stdout=subprocess.DEVNULL
+        )
+        self.t0 = time.monotonic()
+        self.faults: list[dict] = []  # one per kill
+        self.down: dict[int, list[list[float]]] = {j: [] for j in range(LEARNERS)}
+        self.outages: list[list[float]] = []  # a follower or the leader down
+
+    # -- watching ------------------------------------------------------------------
+
+    def status(self) -> dict | None:
+        return _json(self.run / "leader" / "status.json")
+
+    def pids(self) -> dict[str, int]:
+        return _json(self.run / "pids.json") or {}
+
+    def wait(self, cond, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.launcher.poll() is not None:
+                return False
+            if cond():
+                return True
+            time.sleep(0.02)
+        return False
+
+    def moment(self, kind: str, rng: random.Random) -> bool:
+        """Waits for the moment ``kind``; False if the run ended or it never came."""
+
+        def phase(name: str) -> bool:
+            st = self.status()
+            return st is not None and st["version"] >= 1 and st["phase"] == name
+
+        if kind == "startup":
+            return self.launcher.poll() is None
+        if kind in ("push", "apply", "pull"):
+            # Training first (start-up takes minutes on a busy machine), then the phase.
+            self.wait(lambda: (st := self.status()) is not None and st["version"] >= 1, 600)
+            return self.wait(lambda: phase({"push": "transfers"}.get(kind, kind)), 60)
+        if kind == "stopped":
+            return self.wait(lambda: (st := self.status()) is not None and st["stopped"], 600)
+        time.sleep(rng.uniform(0, 3))
+        return self.launcher.poll() is None
+
+    # -- faults ---------------------------------------------------------------------
+
+    def kill(self, role: str, moment: str) -> dict:
+        self.wait(lambda: role in self.pids(), 30)  # (at start-up: not started yet)
+        pid = self.pids().get(role)
+        st = self.status() or {"t": 0.0}
+        try:  # the leader's clock now: its status's, plus the time since it was written
+            written = (self.run / "leader" / "status.json").stat().st_mtime
+            t = st["t"] + max(time.time() - written, 0.0)
+        except OSError:
+            t = st["t"]
+        fault = {"role": role, "moment": moment, "t": t, "n": len(_records(self.run))}
+        fault["restarts"] = len(_json_lines(self.run / "restarts.jsonl"))
+        fault["at"], fault["wall"] = time.monotonic(), time.time()
+        if pid is not None and self.launcher.poll() is None:  # (a pid of an ended run: reused)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        fault["pid"] = pid
+        self.faults.append(fault)
+        return fault
+
+    def watch(self, fault: dict, seconds: float = 60.0) -> None:
+        """Detection and recovery seconds of ``fault`` (``None`` if not seen in time): from
+        the tape's times for a learner or follower (the leader's clock, as ``fault["t"]``),
+        on this script's clock for the leader (nobody records its death but the launcher)."""
+        role, n = fault["role"], fault["n"]
+        fault["detect"] = fault["recover"] = None
+        deadline = fault["at"] + seconds
+        while time.monotonic() < deadline and self.launcher.poll() is None:
+            gone, back = self._gone_back(role, _records(self.run)[n:], fault)
+            now = time.monotonic() - fault["at"]
+            if role == "leader":  # seconds on this script's clock
+                gone = now - gone if gone is not None else None
+                back = now if back else None
+            if gone is not None and fault["detect"] is None:
+                fault["detect"] = max(gone - (0 if role == "leader" else fault["t"]), 0.0)
+            if back is not None and fault["recover"] is None:
+                fault["recover"] = max(back - (0 if role == "leader" else fault["t"]), 0.0)
+            if fault["detect"] is not None and fault["recover"] is not None:
+                break
+            time.sleep(0.02)
+        back = fault["recover"]
+        span = [fault["t"], fault["t"] + back if back is not None else float("inf")]
+        if role.startswith("learner"):
+            self.down[int(role[7:])].append(span)
+        else:  # no round can be applied meanwhile: not a window to count participation in
+            self.outages.append(span)
+
+    def _gone_back(self, role: str, recs: list[dict], fault: dict) -> tuple[Any, Any]:
+        """Whether the role's death was seen and whether it is back: for a learner or a
+        follower, the tape times of the records that say so (``None``: not yet)."""
+        if role == "leader":
+            # Gone: the launcher's restart line (less its backoff: when it saw the death).
+            # Back: a new leader process wrote its status.
+            lines = _json_lines(self.run / "restarts.jsonl")[fault["restarts"] :]
+            mine = [x for x in lines if x["role"] == "leader"]
+            if not mine:
+                return None, None
+            new_pid = self.pids().get("leader") not in (None, fault["pid"])
+            try:
+                wrote = (self.run / "leader" / "status.json").stat().st_mtime > fault["wall"]
+            except OSError:
+                wrote = False
+            return mine[0]["restarted"] - mine[0]["seen"], (new_pid and wrote) or None
+        if role.startswith("follower"):
+            k = int(role[8:])
+            mine = [r for r in recs if r["kind"] == "follower" and r["follower"] == k]
+            lost = [r["t"] for r in mine if r["event"] == "lost"]
+            back = [r["t"] for r in mine if r["event"] == "joined" and lost and r["t"] >= lost[0]]
+            return (lost or [None])[0], (back or [None])[0]
+        j = int(role[7:])
+        mine = [r for r in recs if r["kind"] == "membership" and r["learner"] == j]
+        gone = [r["t"] for r in mine if r["event"] in ("evict", "restart", "leave")]
+        back = [r["t"] for r in mine if r["event"] == "active" and gone and r["t"] >= gone[0]]
+        return (gone or [None])[0], (back or [None])[0]
+
+    def inject(self, moment: str, roles: list[str]) -> None:
+        if moment == "two":
+            faults = [self.kill(r, moment) for r in roles[:2]]
+        elif moment == "twice":
+            first = self.kill(roles[0], moment)
+            old = first["pid"]
+            self.wait(lambda: self.pids().get(roles[0]) not in (None, old), 30)
+            time.sleep(0.2)
+            faults = [first, self.kill(roles[0], moment)]
+        else:
+            faults = [self.kill(roles[0], moment)]
+        if moment == "stopped":  # nothing to detect or recover: the job is over
+            for f in faults:
+                f["detect"] = f["recover"] = None
+            return
+        for f in faults:
+            self.watch(f)
+
+    # -- the end --------------------------------------------------------------------
+
+    def finish(self, timeout: float = 900.0) -> dict:
+        from dipsjax.runtime.audit import audit
+        from dipsjax.runtime.run import outcome
+
+        try:
+            rc = self.launcher.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.launcher.send_signal(signal.SIGINT)
+            self.launcher.wait(60)
+            rc = None
+        finished = rc == 0 and outcome(self.run) == 0
+        got = audit(self.run, LEARNERS, FOLLOWERS)
+        got["finished"] = finished
+        got["participation"] = self.participation(got["tape"])
+        return got
+
+    def participation(self, tape: Any) -> tuple[int, int]:
+        """``(taking part, live)`` learner-windows (see the module docstring)."""
+        rounds = tape.round_records()
+        decided = [(p.learner, p.pushed_at) for r in rounds if r.accepted for p in r.participants]
+        applied = [r for r in rounds if r.applied]
+        if len(applied) < 2 or not decided:
+            return 0, 0
+        gaps = []
+        for j in range(LEARNERS):
+            ts = sorted(t for i, t in decided if i == j)
+            if len(ts) > 1:
+                gaps.append(statistics.mean(b - a for a, b in itertools.pairwise(ts)))
+        width = 2 * max(gaps) if gaps else 0.0
+        start = min(t for _, t in decided)
+        end = max(t for _, t in decided)
+        part = live = 0
+        t = start
+        while width > 0 and t + width <= end:
+            if any(a < t + width and b > t for a, b in self.outages):
+                t += width
+                continue
+            for j in range(LEARNERS):
+                if any(a < t + width and b > t for a, b in self.down[j]):
+                    continue  # down for part of the window
+                live += 1
+                part += any(i == j and t <= s < t + width for i, s in decided)
+            t += width
+        return part, live
+
+
+def _json_lines(path: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def schedule(rng: random.Random, faults: int) -> list[tuple[str, list[str]]]:
+    """``faults`` (moment, roles) pairs: ``startup`` may come first only, ``stopped`` last."""
+    roles = ["leader"] + [f"follower{k}" for k in range(FOLLOWERS)]
+    roles += [f"learner{j}" for j in range(LEARNERS)]
+    out = []
+    for i in range(faults):
+        moments = [m for m in MOMENTS if (m != "startup" or i == 0)]
+        moments = [m for m in moments if (m != "stopped" or i == faults - 1)]
+        moment = rng.choice(moments)
+        pool = roles if moment != "stopped" else roles[1:]  # the leader is gone by then
+        out.append((moment, rng.sample(pool, 2)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--faults", type=int, default=6, help="faults a run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="dipsjax-chaos-"))
+    rng = random.Random(args.seed)
+    runs = 1 if args.tiny else args.runs
+    results, all_faults = [], []
+    for i in range(runs):
+        if args.tiny:
+            plan = [("apply", ["follower1"]), ("push", ["learner1"])]
+            chaos = Chaos(base, i, pushes=30, inner_steps=4)
+        else:
+            plan = schedule(rng, args.faults)
+            chaos = Chaos(base, i, pushes=20 * args.faults, inner_steps=8)
+        print(f"run {i}: {chaos.run}: {plan}", flush=True)
+        for moment, roles in plan:
+            if not chaos.moment(moment, rng):
+                print(f"run {i}: no {moment} moment came: no fault", flush=True)
+                continue
+            chaos.inject(moment, roles)
+            for f in chaos.faults[-2:]:
+                if f.get("reported"):
+                    continue
+                f["reported"] = True
+                print(
+                    f"run {i}: killed {f['role']} ({f['moment']}): detected "
+                    f"{f['detect']} s, recovered {f['recover']} s",
+                    flush=True,
+                )
+        got = chaos.finish()
+        print(
+            f"run {i}: finished {got['finished']}, {got['applied']} versions, "
+            f"tokens {got['tokens']}, problems {got['problems'] or 'none'}",
+            flush=True,
+        )
+        results.append(got)
+        all_faults += [dict(f, finished=got["finished"]) for f in chaos.faults]
+    survived = sum(
+        f["finished"] and (f["recover"] is not None or f["moment"] == "stopped") for f in all_faults
+    )
+    part = sum(r["participation"][0] for r in results)
+    live = sum(r["participation"][1] for r in results)
+    print(f"chaos_faults: {len(all_faults)} (goal: as asked)")
+    print(f"chaos_faults_survived: {survived} (goal: = chaos_faults)")
+    print(f"chaos_runs_unfinished: {sum(not r['finished'] for r in results)} (goal: 0)")
+    lost = sum(r["tokens_unbooked"] + r["tokens_unsettled"] for r in results)
+    print(f"chaos_tokens_lost: {lost} (goal: 0)")
+    print(f"chaos_chunks_lost: {sum(r['chunks_lost'] for r in results)} (goal: 0)")
+    print(f"chaos_chunks_twice: {sum(r['chunks_twice'] for r in results)} (goal: 0)")
+    bad = sum(r["versions_out_of_order"] + r["followers_diverged"] for r in results)
+    print(f"chaos_version_faults: {bad} (goal: 0)")
+    for role in ("leader", "follower", "learner"):
+        mine = [f for f in all_faults if f["role"].startswith(role)]
+        for what in ("detect", "recover"):
+            seen = [f[what] for f in mine if f[what] is not None]
+            if seen:  # the slowest of that role's faults
+                goal = "< 5" if what == "detect" else "< 30"
+                print(f"chaos_{role}_{what}_s: {max(seen):.2f} (goal: {goal})")
+    print(f"chaos_participation: {part / live if live else 0.0:.3f} (goal: >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

@@ -245,7 +245,8 @@ class FollowerNode:
 
     @property
     def inputs_path(self) -> Path:
-        return Path(self.spec.run_dir) / f"follower{self.k}" / "inputs.npz"
+        # In a folder of its own: the .npz files beside it are shards of evaluated versions.
+        return Path(self.spec.run_dir) / f"follower{self.k}" / "inputs" / "decided.npz"
 
     def _save_inputs(self, round_id: int, version: int) -> None:
         """The inputs of decided ``round_id`` (its ``Decide`` and stacked batch), on disk on

@@ -97,7 +97,8 @@ def test_a_decided_rounds_inputs_round_trip_through_the_disk_bit_for_bit(tmp_pat
     f.merged_partial(d)
     node = _inputs_node(tmp_path, f)
     FollowerNode._save_inputs(node, 4, 0)
-    assert [p.name for p in tmp_path.glob("follower1/*")] == ["inputs.npz"]
+    assert [p.name for p in tmp_path.glob("follower1/*")] == ["inputs"]  # not a shard file
+    assert [p.name for p in tmp_path.glob("follower1/inputs/*")] == ["decided.npz"]
     again = core()
     FollowerNode._restore_inputs(_inputs_node(tmp_path, again))
     assert again.decided_rounds() == (4,)

@@ -69,17 +69,9 @@ def _json(path: Path) -> Any:
 
 
 def _records(run: Path) -> list[dict]:
-    try:
-        lines = (run / "tape.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line being written
-            break
-    return out
+    from dipsjax.syncer.tape import records_so_far
+
+    return records_so_far(run / "tape.jsonl")
 
 
 class Chaos:

@@ -43,17 +43,9 @@ LAUNCH = (
 
 
 def _records(run: Path) -> list[dict]:
-    try:
-        lines = (run / "tape.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line being written
-            break
-    return out
+    from dipsjax.syncer.tape import records_so_far
+
+    return records_so_far(run / "tape.jsonl")
 
 
 def _calm(run: Path, learners: int) -> bool:

@@ -174,6 +174,22 @@ PHASES = {
 }
 
 
+def records_so_far(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a tape file a running leader is still writing: every whole line up
+    to the first one being written (none if the file is not there yet)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line being written
+            break
+    return out
+
+
 def phase_seconds(timings: dict[str, Any], grace: float) -> dict[str, float | None]:
     """A round's time in each phase, as the paper's production table: ``grace`` (the
     window after the quorum), ``push`` (window closed to transfers done), ``update``

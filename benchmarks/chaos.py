@@ -355,8 +355,8 @@ def main() -> None:
     print(f"chaos_runs_unfinished: {sum(not r['finished'] for r in results)} (goal: 0)")
     lost = sum(r["tokens_unbooked"] + r["tokens_unsettled"] for r in results)
     print(f"chaos_tokens_lost: {lost} (goal: 0)")
-    print(f"chaos_chunks_lost: {sum(r['chunks_lost'] for r in results)} (goal: 0)")
-    print(f"chaos_chunks_twice: {sum(r['chunks_twice'] for r in results)} (goal: 0)")
+    print(f"chaos_batches_lost: {sum(r['batches_lost'] for r in results)} (goal: 0)")
+    print(f"chaos_batches_twice: {sum(r['batches_twice'] for r in results)} (goal: 0)")
     bad = sum(r["versions_out_of_order"] + r["followers_diverged"] for r in results)
     print(f"chaos_version_faults: {bad} (goal: 0)")
     for role in ("leader", "follower", "learner"):

@@ -221,7 +221,7 @@ def test_chaos_tiny(tmp_path):
     # both faults survived, the run at its budget, nothing lost, trained twice or diverged.
     fig = run_benchmark("chaos", "--tiny", timeout=600, tmp_path=tmp_path)
     assert fig["chaos_faults"] == fig["chaos_faults_survived"] == 2
-    for name in ("runs_unfinished", "tokens_lost", "chunks_lost", "chunks_twice"):
+    for name in ("runs_unfinished", "tokens_lost", "batches_lost", "batches_twice"):
         assert fig[f"chaos_{name}"] == 0, name
     assert fig["chaos_version_faults"] == 0
     for role in ("follower", "learner"):  # detected before (or as) it recovered

@@ -5,12 +5,12 @@ Typical learner-side use::
     from dipsjax import data
 
     chunks = data.train_chunks("austen", chunk_len=4096)          # int32[868, 4097]
-    ledger = data.LocalLedger(data.new_ledger(len(chunks), seed=0))
+    ledger = data.LocalLedger(data.new_ledger(len(chunks), batches_per_chunk=2, seed=0))
     stream = data.BatchStream(chunks, batch_size=8, seq_len=256,
                               source=ledger.source("learner-0"))
     batch = stream.next_batch()                    # batch.inputs, batch.targets; None: wait
-    if batch.finished:                             # after the batch's work is kept
-        ledger.complete("learner-0", batch.chunk)
+    if batch.finished:                             # the piece's last batch: once kept,
+        ledger.settle("learner-0", [batch.piece])  # settle the batches of its piece
     checkpoint = stream.position.to_json()         # resume: BatchStream(..., position=...)
 
     val = data.validation_data("austen")           # held-out novel: Persuasion
@@ -63,6 +63,12 @@ _EXPORTS = {
     "new_ledger": "ledger",
     "num_chunks": "pipeline",
     "release": "ledger",
+    "span_batches": "pipeline",
+    "Span": "ledger",
+    "settled_batches": "ledger",
+    "subtract": "ledger",
+    "holds": "ledger",
+    "settle": "ledger",
     "train_chunks": "pipeline",
     "unigram_entropy_bits": "tokenizer",
     "validation_batches": "pipeline",
@@ -95,6 +101,7 @@ __all__ = [
     "Lease",
     "LedgerError",
     "LocalLedger",
+    "Span",
     "StreamPosition",
     "Tokenizer",
     "ValidationData",
@@ -109,6 +116,7 @@ __all__ = [
     "epoch_order",
     "fixed_order",
     "holder",
+    "holds",
     "lease",
     "leases_of",
     "load_corpus",
@@ -117,6 +125,10 @@ __all__ = [
     "new_ledger",
     "num_chunks",
     "release",
+    "settle",
+    "settled_batches",
+    "span_batches",
+    "subtract",
     "train_chunks",
     "validation_batches",
     "validation_data",

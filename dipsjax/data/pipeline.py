@@ -6,7 +6,7 @@ with the next chunk), so each chunk holds exactly ``chunk_len`` next-token *targ
 target of the stream except the last ``(N - 1) % chunk_len`` belongs to exactly one chunk.
 
 Training batches. :class:`BatchStream` reads chunks in the order given by a *source* (a fixed
-sequence of chunk ids, or a callable such as a ledger lease) and yields :class:`Batch`
+sequence of chunk ids or pieces, or a callable such as a ledger lease) and yields :class:`Batch`
 ``tokens`` of shape ``int32[batch_size, seq_len + 1]`` (inputs ``[:, :-1]``, targets
 ``[:, 1:]``). A chunk holds ``chunk_len // seq_len`` sequences, read in order, and a whole
 number of batches (a batch never spans chunks). Its :class:`StreamPosition` (a few ints) is
@@ -38,9 +38,13 @@ from dipsjax.data.tokenizer import ByteTokenizer, Tokenizer, unigram_entropy_bit
 DEFAULT_CHUNK_LEN = 4096
 """Default chunk size in tokens: 868 chunks of the Austen train split."""
 
-ChunkSource = Sequence[int] | np.ndarray | Callable[[], int | None]
-"""Chunk ids to read: a sequence (indexed by :attr:`StreamPosition.chunks_taken`) or a
-callable returning the next id, or ``None`` when none is available now."""
+Piece = int | tuple[int, int, int]
+"""What a source gives: a chunk id (the whole chunk) or ``(chunk, start, end)``, batches
+``start .. end - 1`` of it (a ledger's lease)."""
+
+ChunkSource = Sequence[Piece] | np.ndarray | Callable[[], Piece | None]
+"""Pieces to read: a sequence (indexed by :attr:`StreamPosition.chunks_taken`) or a
+callable returning the next one, or ``None`` when none is available now."""
 
 
 def num_chunks(num_tokens: int, chunk_len: int = DEFAULT_CHUNK_LEN) -> int:
@@ -84,10 +88,11 @@ def train_chunks(
 class StreamPosition:
     """Where a :class:`BatchStream` stands; small, JSON-serializable, exact for resuming.
 
-    ``chunk``: the chunk being read (``None`` between chunks); ``offset``: batches already
-    read from it; ``chunks_taken``: chunk ids taken from the source so far (the index of the
-    next one in a fixed order); ``batches`` and ``tokens`` (``batches * batch_size *
-    seq_len``): batches and target tokens yielded so far.
+    ``chunk``: the chunk being read (``None`` between pieces); ``offset``: the next batch
+    of it to read; ``start`` and ``end``: the piece being read, batches ``start .. end - 1``
+    (``end`` ``None``: to the chunk's end); ``chunks_taken``: pieces taken from the source so
+    far (the index of the next one in a fixed order); ``batches`` and ``tokens`` (``batches
+    * batch_size * seq_len``): batches and target tokens yielded so far.
     """
 
     chunk: int | None = None
@@ -95,6 +100,8 @@ class StreamPosition:
     chunks_taken: int = 0
     batches: int = 0
     tokens: int = 0
+    start: int = 0
+    end: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +114,8 @@ class StreamPosition:
             chunks_taken=int(d["chunks_taken"]),
             batches=int(d["batches"]),
             tokens=int(d["tokens"]),
+            start=int(d.get("start", 0)),
+            end=None if d.get("end") is None else int(d["end"]),
         )
 
     def to_json(self) -> str:
@@ -121,13 +130,21 @@ class Batch(NamedTuple):
     """One training batch.
 
     ``tokens``: ``int32[batch_size, seq_len + 1]`` (rows are consecutive sequences of
-    ``chunk``); ``finished``: true when this is the chunk's last batch (report the chunk
-    complete to the ledger once this batch's work is safely kept).
+    ``chunk``), batch ``offset`` of the chunk; ``finished``: true when this is the last batch
+    of the piece being read, which began at batch ``start`` (settle :attr:`piece` with the
+    ledger once its work is safely kept).
     """
 
     tokens: np.ndarray
     chunk: int
     finished: bool
+    offset: int = 0
+    start: int = 0
+
+    @property
+    def piece(self) -> tuple[int, int, int]:
+        """The piece read up to this batch, ``(chunk, start, offset + 1)``."""
+        return (self.chunk, self.start, self.offset + 1)
 
     @property
     def inputs(self) -> np.ndarray:
@@ -178,7 +195,9 @@ class BatchStream:
         if pos.chunk is None and pos.offset != 0:
             raise ValueError(f"position {pos} has an offset but no chunk")
         if pos.chunk is not None and not (
-            0 <= pos.chunk < chunks.shape[0] and 0 <= pos.offset < self.batches_per_chunk
+            0 <= pos.chunk < chunks.shape[0]
+            and pos.start <= pos.offset < (self.batches_per_chunk if pos.end is None else pos.end)
+            and (pos.end is None or pos.end <= self.batches_per_chunk)
         ):
             raise ValueError(
                 f"position {pos} does not fit {chunks.shape[0]} chunks of "
@@ -197,71 +216,92 @@ class BatchStream:
         """Target tokens yielded so far, ``batches * batch_size * seq_len``."""
         return self._position.tokens
 
-    def _next_chunk(self, index: int) -> int | None:
+    def _next_piece(self, index: int) -> tuple[int, int, int] | None:
         if callable(self.source):
-            chunk = self.source()
+            piece = self.source()
         else:
-            chunk = self.source[index] if index < len(self.source) else None
-        if chunk is None:
+            piece = self.source[index] if index < len(self.source) else None
+        if piece is None:
             return None
-        if not 0 <= int(chunk) < self.chunks.shape[0]:
-            raise ValueError(f"chunk id {chunk} out of [0, {self.chunks.shape[0]})")
-        return int(chunk)
+        if isinstance(piece, int | np.integer):
+            c, s, e = int(piece), 0, self.batches_per_chunk
+        else:
+            c, s, e = (int(x) for x in piece)
+        if not 0 <= c < self.chunks.shape[0]:
+            raise ValueError(f"chunk id {c} out of [0, {self.chunks.shape[0]})")
+        if not 0 <= s < e <= self.batches_per_chunk:
+            raise ValueError(
+                f"piece {(c, s, e)}: batches out of [0, {self.batches_per_chunk}) of chunk {c}"
+            )
+        return c, s, e
 
     def next_batch(self) -> Batch | None:
-        """The next batch, or ``None`` if the source has no chunk now."""
+        """The next batch, or ``None`` if the source has no piece now."""
         pos = self._position
         chunk, offset, taken = pos.chunk, pos.offset, pos.chunks_taken
+        start, end = pos.start, pos.end
         if chunk is None:
-            chunk = self._next_chunk(taken)
-            if chunk is None:
+            piece = self._next_piece(taken)
+            if piece is None:
                 return None
-            taken += 1
+            chunk, start, end = piece
+            offset, taken = start, taken + 1
+        end = self.batches_per_chunk if end is None else end
         seqs = offset * self.batch_size + np.arange(self.batch_size)[:, None]
         tokens = self.chunks[chunk, seqs * self.seq_len + self._columns].astype(np.int32)
-        finished = offset + 1 == self.batches_per_chunk
+        finished = offset + 1 == end
         self._position = StreamPosition(
             chunk=None if finished else chunk,
             offset=0 if finished else offset + 1,
             chunks_taken=taken,
             batches=pos.batches + 1,
             tokens=pos.tokens + self.batch_size * self.seq_len,
+            start=0 if finished else start,
+            end=None if finished or end == self.batches_per_chunk else end,
         )
-        return Batch(tokens=tokens, chunk=chunk, finished=finished)
+        return Batch(tokens=tokens, chunk=chunk, finished=finished, offset=offset, start=start)
 
     def __iter__(self) -> Iterator[Batch]:
         while (batch := self.next_batch()) is not None:
             yield batch
 
     def take_round(self, num_steps: int) -> RoundData:
-        """Up to ``num_steps`` batches for one learner round, with what replay needs to
-        draw the same batches again (the start position and the chunks taken) and the chunks
-        the round finished (to report to the ledger). Stops early if the source runs dry."""
+        """Up to ``num_steps`` batches for one learner round, with the batches it read as
+        ``spans`` (what the ledger settles or takes back, and what replay draws again)
+        and the start position. A span never covers two pieces (each is within one lease,
+        even where two leased pieces of a chunk meet). Stops early if the source runs dry."""
         start = self.position
-        batches, taken, finished = [], [], []
+        batches: list[np.ndarray] = []
+        spans: list[tuple[int, int, int]] = []
         for _ in range(num_steps):
             b = self.next_batch()
             if b is None:
                 break
-            if self.position.chunks_taken != start.chunks_taken + len(taken):
-                taken.append(b.chunk)
             batches.append(b.tokens)
-            if b.finished:
-                finished.append(b.chunk)
-        return RoundData(
-            batches, start, tuple(taken), tuple(finished), self.position.tokens - start.tokens
-        )
+            if spans and b.offset != b.start:  # on in the piece the last span is in
+                spans[-1] = (b.chunk, spans[-1][1], b.offset + 1)
+            else:
+                spans.append((b.chunk, b.offset, b.offset + 1))
+        return RoundData(batches, start, tuple(spans), self.position.tokens - start.tokens)
+
+
+def span_batches(
+    chunks: np.ndarray, spans: Sequence[tuple[int, int, int]], *, batch_size: int, seq_len: int
+) -> list[np.ndarray]:
+    """The batches of ``spans`` (``(chunk, start, end)`` each), in order, as a
+    :class:`BatchStream` reads them (replay draws a round's batches again with this)."""
+    stream = BatchStream(chunks, batch_size=batch_size, seq_len=seq_len, source=list(spans))
+    return [b.tokens for b in stream]
 
 
 class RoundData(NamedTuple):
     """One round's batches: ``batches`` (int32 ``[B, L + 1]`` each), the stream ``start``
-    position, the chunk ids ``new_chunks`` taken from the source during the round, the
-    ``finished_chunks``, and the target ``tokens`` drawn (counted at the stream)."""
+    position, the batches read as ``spans`` (``(chunk, start, end)``, in reading order),
+    and the target ``tokens`` drawn (counted at the stream)."""
 
     batches: list[np.ndarray]
     start: StreamPosition
-    new_chunks: tuple[int, ...]
-    finished_chunks: tuple[int, ...]
+    spans: tuple[tuple[int, int, int], ...]
     tokens: int
 
 

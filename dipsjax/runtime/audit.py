@@ -2,7 +2,7 @@
 
 :func:`audit` reads a run directory (the leader's tape, snapshot and status, the learners'
 ``reported.json``, the followers' ``decisions.jsonl``) and returns counts, not verdicts:
-tokens the learners reported against the leader's books, chunks trained twice or lost,
+tokens the learners reported against the leader's books, batches trained twice or lost,
 versions applied out of order, followers that applied different rounds. A healthy run,
 faulted or not, has every count at 0 (``audit(...)["problems"] == []``);
 ``benchmarks/chaos.py`` sums them over runs with random kills.
@@ -43,20 +43,21 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
     applied = [r for r in rounds if r.applied]
     versions = [r.version for r in applied]
     out_of_order = int(versions != list(range(1, len(applied) + 1)))
-    # Chunks finished by decided pushes (accepted or rejected: their data was used), once
-    # each; the ledger's done chunks are exactly those.
-    # A push of a round discarded after its Decide was dropped (its chunks trained again
-    # by someone) unless it was rejected, which settles it at the Decide.
+    # Batches of decided pushes (accepted or rejected: their data was used), once each;
+    # the ledger's settled batches are exactly those. A push of a round discarded after its
+    # Decide was dropped (its batches trained again by someone) unless it was rejected,
+    # which settles it at the Decide.
     used = [
-        c
+        (sp.chunk, b)
         for r in rounds
         for p, ok in zip(r.participants, r.accepted, strict=False)  # undecided: no flags
         if r.applied or not ok
-        for c in p.meta.finished_chunks
+        for sp in p.meta.spans
+        for b in range(sp.start, sp.end)
     ]
     snap = json.loads((run / "leader" / "snapshot.json").read_text())
     ledger = chunks.ChunkLedger.from_dict(snap["data"])
-    done = set().union(*(chunks.completed_chunks(ledger, e) for e in range(ledger.epoch + 1)))
+    done = set().union(*(chunks.settled_batches(ledger, e) for e in range(ledger.epoch + 1)))
     twice = len(used) - len(set(used))
     lost = len(done - set(used))
     books = json.loads((run / "leader" / "status.json").read_text())["tokens"]
@@ -80,8 +81,8 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
         diverged += not in_order or _follower_version(run, k) != last
     counts = {
         "versions_out_of_order": out_of_order,
-        "chunks_twice": twice,
-        "chunks_lost": lost,
+        "batches_twice": twice,
+        "batches_lost": lost,
         "tokens_unbooked": unbooked,
         "tokens_unsettled": unsettled,
         "followers_diverged": diverged,

@@ -84,7 +84,13 @@ class LeaderNode:
             )
             config = dataclasses.replace(method.leader, fingerprint=spec.fingerprint)
             leader = Leader(
-                config, method.grace, data=new_ledger(spec.num_chunks, seed=spec.sim.seed)
+                config,
+                method.grace,
+                data=new_ledger(
+                    spec.num_chunks,
+                    batches_per_chunk=spec.sim.batches_per_chunk,
+                    seed=spec.sim.seed,
+                ),
             )
         self.leader = leader
         self.queues: dict[tuple[str, int], asyncio.Queue] = {}

@@ -171,7 +171,8 @@ class LearnerNode:
         self.stream = BatchStream(
             chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.next_chunk
         )
-        self.regrant: list[int] = []  # resumed: chunks still leased to it, trained first
+        # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
+        self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
         if incarnation > 0 and not resume and ckpt_dir.exists():
             shutil.rmtree(ckpt_dir)  # a dead incarnation's state: this one starts afresh
@@ -250,13 +251,13 @@ class LearnerNode:
             for meta in [self.ckpt.meta(step)]
         ]
 
-    def next_chunk(self) -> int | None:
+    def next_chunk(self) -> tuple[int, int, int] | None:
         return self.regrant.pop(0) if self.regrant else self.lease()
 
-    def lease(self) -> int | None:
+    def lease(self) -> tuple[int, int, int] | None:
         for a in self.control.call(m.ChunkRequested(0.0, self.j)):
             if isinstance(a, m.GrantChunk):
-                return a.chunk
+                return a.piece
         return None
 
     def _watch(self, generation: int) -> None:
@@ -596,13 +597,13 @@ class LearnerNode:
         record: dict[str, Any] = {
             "step": c.step,
             "version": c.version,
-            "leases": list(c.regrant),
+            "leases": [list(sp) for sp in c.regrant],
             "last_round": c.last_round,
             "last_outcome": c.last_outcome,
         }
         if c.step is None:  # stopped before its first round: start afresh, on its leases
-            self.regrant = list(c.regrant)
-            record["regrant"] = self.regrant
+            self.regrant = [tuple(sp) for sp in c.regrant]
+            record["regrant"] = [list(sp) for sp in self.regrant]
         else:
             state, meta = self.ckpt.restore(self.compute.call("opt_state"), c.step)
             self.ckpt.drop_after(c.step)
@@ -616,14 +617,18 @@ class LearnerNode:
                 source=self.next_chunk,
                 position=pos,
             )
-            # The chunk it stopped in is read on from its position; the rest first.
-            self.regrant = [ch for ch in c.regrant if ch != pos.chunk]
+            # The piece it stopped in is read on from its position; the rest first.
+            self.regrant = [
+                tuple(sp)
+                for sp in c.regrant
+                if not (sp.chunk == pos.chunk and sp.start <= pos.offset < sp.end)
+            ]
             self.trained["tokens"] = meta["tokens"]
             record.update(
                 kind=meta["kind"],
                 rounds=self.rounds,
                 position=meta["position"],
-                regrant=list(self.regrant),
+                regrant=[list(sp) for sp in self.regrant],
             )
         self.base = None
         out = Path(self.spec.run_dir) / f"learner{self.j}"

@@ -93,11 +93,11 @@ class LocalCluster:
         self.execute(actions, event.t)
         return actions
 
-    def lease(self, learner: int) -> int | None:
+    def lease(self, learner: int) -> tuple[int, int, int] | None:
         """A learner's chunk request, answered at once (the control plane's round trip)."""
         for a in self.feed(m.ChunkRequested(self.clock.now, learner)):
             if isinstance(a, m.GrantChunk) and a.learner == learner:
-                return a.chunk
+                return a.piece
         return None
 
     def execute(self, actions: list[m.Action], t: float) -> None:

@@ -151,6 +151,11 @@ class SimConfig:
         return self.bandwidth_gbps[j] if self.bandwidth_gbps else 10.0
 
     @property
+    def batches_per_chunk(self) -> int:
+        """Batches of one chunk (``chunk_len / (batch_size * seq_len)``): the ledger's unit."""
+        return self.chunk_len // (self.batch_size * self.seq_len)
+
+    @property
     def full_round_tokens(self) -> int:
         """Tokens of a round in which every learner reports ``inner_steps`` steps."""
         return self.learners * self.inner_steps * self.batch_size * self.seq_len

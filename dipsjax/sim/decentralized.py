@@ -42,7 +42,9 @@ def simulate_decentralized(
     cfg: SimConfig, progress: Callable[[str], None] | None = None
 ) -> SimResult:
     world = World(cfg)
-    ledger = LocalLedger(new_ledger(world.chunks.shape[0], seed=cfg.seed))
+    ledger = LocalLedger(
+        new_ledger(world.chunks.shape[0], batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed)
+    )
     tx = outer.diloco(cfg.outer_lr, cfg.outer_momentum)
     m = cfg.learners
     replicas = [jax.tree.map(jnp.asarray, world.init_params) for _ in range(m)]
@@ -88,7 +90,7 @@ def simulate_decentralized(
                 break
             batches.append(b.tokens)
             if b.finished:
-                ledger.complete(str(j), b.chunk)
+                ledger.settle(str(j), [b.piece])
         if not batches:
             return
         count["consumed"] += len(batches) * cfg.batch_size * cfg.seq_len  # batches drawn

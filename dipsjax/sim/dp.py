@@ -18,7 +18,9 @@ from dipsjax.sim.world import World
 
 def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> SimResult:
     world = World(cfg)
-    ledger = LocalLedger(new_ledger(world.chunks.shape[0], seed=cfg.seed))
+    ledger = LocalLedger(
+        new_ledger(world.chunks.shape[0], batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed)
+    )
     model = world.learner("dp")
     streams = [world.stream(ledger.source(str(j))) for j in range(cfg.learners)]
     min_gbps = min(cfg.bandwidth(j) for j in range(cfg.learners))
@@ -50,7 +52,7 @@ def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -
             break
         for j, p in enumerate(parts):
             if p.finished:
-                ledger.complete(str(j), p.chunk)
+                ledger.settle(str(j), [p.piece])
         batch = np.concatenate([p.tokens for p in parts])
         model.run_round([batch], num_steps=1)
         step = max(world.train_time(j, 1) for j in range(m))

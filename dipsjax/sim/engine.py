@@ -59,7 +59,11 @@ def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
     from dipsjax.data import new_ledger
 
     method = world.method()
-    leader = Leader(method.leader, method.grace, data=new_ledger(len(world.chunks), seed=cfg.seed))
+    leader = Leader(
+        method.leader,
+        method.grace,
+        data=new_ledger(len(world.chunks), batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed),
+    )
     return LocalCluster(world, leader, world.followers(method), clock)
 
 

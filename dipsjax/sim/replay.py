@@ -14,14 +14,12 @@ point before its first push after the restart, as the learner did.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import jax
 import numpy as np
 
 from dipsjax import outer
-from dipsjax.data.pipeline import StreamPosition
 from dipsjax.learner import Learner
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.world import World, add_global_change, pseudo_gradient, wire
@@ -65,9 +63,7 @@ def replay(cfg: SimConfig, tape: EventTape, world: World | None = None) -> dict:
                     params = add_global_change(learner.params_dict(), params, adopted[j][1])
                 learner.pull(params, version=meta.base_version)
                 adopted[j] = (meta.incarnation, versions[meta.base_version])
-            pos = StreamPosition(chunk=meta.start_chunk, offset=meta.start_offset)
-            stream = world.stream(list(meta.new_chunks), position=pos)
-            batches = [b.tokens for b in itertools.islice(stream, meta.steps)]
+            batches = world.stream(list(meta.spans)).take_round(meta.steps).batches
             contrib = learner.run_round(batches, num_steps=meta.steps, reference="start")
             history[j].append(_copy(learner.opt_state))
             if not any(p is q for q in rec.participants):

@@ -28,7 +28,7 @@ from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.learner.round import evaluate
 from dipsjax.model.configs import get_config
 from dipsjax.sim.config import WIRE_BYTES, SimConfig
-from dipsjax.syncer.messages import PushMeta
+from dipsjax.syncer.messages import PushMeta, spans_of
 from dipsjax.syncer.schedule import assign_layers
 
 
@@ -196,8 +196,7 @@ def push_meta(
         pulled=pulled,
         start_chunk=data.start.chunk,
         start_offset=data.start.offset,
-        new_chunks=data.new_chunks,
-        finished_chunks=data.finished_chunks,
+        spans=spans_of(data.spans),
     )
 
 

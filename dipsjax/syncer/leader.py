@@ -88,6 +88,7 @@ from dipsjax.syncer.messages import (
     TransferDone,
     Unused,
     WakeAt,
+    spans_of,
 )
 from dipsjax.syncer.schedule import greedy_schedule, optimal_schedule
 from dipsjax.syncer.tape import (
@@ -324,7 +325,7 @@ class Leader:
         # ``Rejoin`` each (a late second one would wipe the next round's staged shards).
         self.rejoin_asked: set[int] = set()
         self.lru: tuple[int, ...] = ()
-        self.dealt: dict[int, list[int]] = {}  # deal_chunks: chunks dealt, not yet granted
+        self.dealt: dict[int, list[chunks.Span]] = {}  # deal_chunks: dealt, not yet granted
         self.tape = EventTape()
         self.stopped = False
         self.stop_reason = ""  # what the Stop said
@@ -359,9 +360,9 @@ class Leader:
         return budget is not None and self.budget_tokens() >= budget
 
     def _settle(self, p: Push, outcome: str, release: bool = True) -> None:
-        """Books a push's outcome once. Its finished chunks count as trained when it was
-        applied or rejected (the data was used); a dropped push gives them back (or, with
-        ``release=False``, leaves them leased to its learner, who trains them again)."""
+        """Books a push's outcome once. Its batches (``meta.spans``) count as trained when
+        it was applied or rejected (the data was used); a dropped push gives them back (or,
+        with ``release=False``, leaves them leased to its learner, who trains them again)."""
         if p.outcome is None:
             p.outcome = outcome
             self.ledger.settle(p.learner, p.tokens, outcome)
@@ -371,9 +372,9 @@ class Leader:
                 said = outcome if outcome != "dropped" or release else "lost"
                 member.last_round, member.last_outcome = p.round_id, said
             if outcome != "dropped":
-                self._complete_chunks(p.learner, p.meta.finished_chunks)
+                self._settle_spans(p.learner, p.meta.spans)
             elif release:
-                self._release_chunks(p.learner, p.meta.finished_chunks)
+                self._release_spans(p.learner, p.meta.spans)
 
     def _unused(self, p: Push, kind: str, reason: str) -> list[Unused]:
         """The word to a push's sender that its push was bad input (``Unused``), if the
@@ -502,19 +503,12 @@ class Leader:
         if rnd is not None and learner in rnd.pulling:
             rnd.pulling.remove(learner)
         self.dealt.pop(learner, None)  # dealt chunks are among its leases now
-        # The chunks its push with the followers finished are not its to train again: they
-        # complete (or come back) when that push is settled.
-        held = {
-            c
-            for p in (self.round.pushes if self.round is not None else [])
-            if p.learner == learner and p.outcome is None
-            for c in p.meta.finished_chunks
-        }
-        leases = (
-            tuple(
-                lease.chunk
-                for lease in chunks.leases_of(self.data, str(learner))
-                if lease.chunk not in held
+        # The batches of its push with the followers are not its to train again: they
+        # settle (or come back) when that push is decided.
+        leases = spans_of(
+            chunks.subtract(
+                (lease.span for lease in chunks.leases_of(self.data, str(learner))),
+                self._deciding(learner),
             )
             if self.data is not None
             else ()
@@ -586,18 +580,17 @@ class Leader:
         self.grace.forget_learner(learner)
         self.dealt.pop(learner, None)
         if self.data is not None:
-            # Its leases go back, except the chunks of a push already with the followers
-            # (they complete or come back when that push is settled).
-            keep = {
-                c
-                for p in (self.round.pushes if self.round is not None else [])
-                if p.learner == learner and p.outcome is None
-                for c in p.meta.finished_chunks
-            }
-            for lease in chunks.leases_of(self.data, str(learner)):
-                if lease.chunk not in keep:
-                    self.data = chunks.release(self.data, str(learner), lease.chunk)
+            # Its batches go back, except those of a push already with the followers (they
+            # settle or come back when that push is decided).
+            self.data = chunks.release(self.data, str(learner), keep=self._deciding(learner))
         return actions
+
+    def _deciding(self, learner: int) -> tuple[chunks.Span, ...]:
+        """The batches of ``learner``'s push in the round, not yet decided."""
+        rnd = self.round
+        pushes = rnd.pushes if rnd is not None else []
+        mine = [p for p in pushes if p.learner == learner and p.outcome is None]
+        return tuple(span for p in mine for span in p.meta.spans)
 
     def _on_PullDone(self, ev: PullDone) -> list[Action]:
         self._seen(ev.learner, ev.t)
@@ -620,11 +613,15 @@ class Leader:
         if ev.learner not in self.members:
             return [GrantChunk(ev.learner, None)]
         if self.config.deal_chunks:
-            return [GrantChunk(ev.learner, self._deal(ev.learner))]
+            return [self._grant(ev.learner, self._deal(ev.learner))]
         self.data, got = chunks.lease(self.data, str(ev.learner))
-        return [GrantChunk(ev.learner, None if got is None else got.chunk)]
+        return [self._grant(ev.learner, None if got is None else got.span)]
 
-    def _deal(self, learner: int) -> int | None:
+    @staticmethod
+    def _grant(learner: int, span: chunks.Span | None) -> GrantChunk:
+        return GrantChunk(learner, None) if span is None else GrantChunk(learner, *span)
+
+    def _deal(self, learner: int) -> chunks.Span | None:
         """``deal_chunks``: one chunk to each learner in turn, whenever ``learner`` has none
         dealt; learner ``j``'s ``i``-th chunk comes from the ``i``-th deal."""
         assert self.data is not None
@@ -637,36 +634,33 @@ class Leader:
                 self.data, got = chunks.lease(self.data, str(j))
                 if got is None:
                     break
-                self.dealt.setdefault(j, []).append(got.chunk)
+                self.dealt.setdefault(j, []).append(got.span)
         queue = self.dealt.get(learner)
         return queue.pop(0) if queue else None
 
-    def _complete_chunks(self, learner: int, finished: tuple[int, ...]) -> None:
+    def _settle_spans(self, learner: int, spans: tuple[chunks.Span, ...]) -> None:
         if self.data is None:
             return
-        for c in finished:
-            if chunks.holder(self.data, c) == str(learner):
-                self.data = chunks.complete(self.data, str(learner), c)
+        mine = [sp for sp in spans if chunks.holds(self.data, str(learner), sp)]
+        self.data = chunks.settle(self.data, str(learner), mine)
 
-    def _release_chunks(self, learner: int, finished: tuple[int, ...]) -> None:
+    def _release_spans(self, learner: int, spans: tuple[chunks.Span, ...]) -> None:
         if self.data is None:
             return
-        for c in finished:
-            if chunks.holder(self.data, c) == str(learner):
-                self.data = chunks.release(self.data, str(learner), c)
+        mine = [sp for sp in spans if chunks.holds(self.data, str(learner), sp)]
+        self.data = chunks.release(self.data, str(learner), mine)
 
     # -- pushes --------------------------------------------------------------------
 
-    def _refuse(
-        self, ev: PushRequested, kind: str, reason: str, release: bool = True
-    ) -> list[Action]:
-        # Refused tokens are counted (reported and dropped), never lost from the books.
+    def _refuse(self, ev: PushRequested, kind: str, reason: str) -> list[Action]:
+        # Refused tokens are counted (reported and dropped), never lost from the books. Its
+        # batches stay where they are: with its learner, who trains them again (or exits,
+        # and its next incarnation's join gives them back), or already given back when an
+        # older incarnation's push arrives; a retry's first copy settles them itself.
         self.refused[kind] += 1
         tokens = max(int(ev.meta.tokens), 0)
         self.ledger.report(ev.learner, tokens)
         self.ledger.settle(ev.learner, tokens, "dropped")
-        if release:
-            self._release_chunks(ev.learner, ev.meta.finished_chunks)
         return [Refuse(ev.learner, reason, RefuseKind(kind), ev.meta.incarnation)]
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
@@ -676,10 +670,9 @@ class Leader:
             return self._refuse(ev, "unknown", "not a member: join and pull a model first")
         if not member.active:
             # A member that must pull first (e.g. a push sent before a leader restart and
-            # delivered to the resumed leader): it keeps its chunks, as it rejoins from its
+            # delivered to the resumed leader): it keeps its batches, as it rejoins from its
             # checkpoint and trains them again.
-            same = meta.incarnation == member.incarnation
-            return self._refuse(ev, "inactive", "pull a model first", release=not same)
+            return self._refuse(ev, "inactive", "pull a model first")
         if meta.incarnation != member.incarnation:
             return self._refuse(
                 ev,
@@ -1243,8 +1236,7 @@ class Leader:
 
         def push(d: dict[str, Any]) -> Push:
             meta = dict(d["meta"])
-            meta["new_chunks"] = tuple(meta["new_chunks"])
-            meta["finished_chunks"] = tuple(meta["finished_chunks"])
+            meta["spans"] = spans_of(meta["spans"])
             return Push(
                 d["learner"],
                 PushMeta(**meta),
@@ -1291,7 +1283,7 @@ class Leader:
         leader.followers_up = {k: v for k, v in state["followers_up"]}
         leader.follower_addresses = {k: a for k, a in state.get("follower_addresses", [])}
         leader.lru = tuple(state["lru"])
-        leader.dealt = {j: list(q) for j, q in state.get("dealt", [])}
+        leader.dealt = {j: [tuple(x) for x in q] for j, q in state.get("dealt", [])}
         leader.stopped = state["stopped"]
         leader.stop_reason = state.get("stop_reason", "")
         leader.refused = collections.Counter(state.get("refused", {}))

@@ -103,6 +103,29 @@ class Tick(Event):
 
 
 @dataclasses.dataclass(frozen=True)
+class Span:
+    """Batches ``start .. end - 1`` of chunk ``chunk`` (the chunk ledger's unit); unpacks
+    as ``chunk, start, end = span``."""
+
+    chunk: int
+    start: int
+    end: int
+
+    def __iter__(self):
+        return iter((self.chunk, self.start, self.end))
+
+
+def spans_of(value: Any) -> tuple[Span, ...]:
+    """:class:`Span` s from ``(chunk, start, end)`` triples, JSON lists or dicts."""
+    return tuple(
+        Span(int(x["chunk"]), int(x["start"]), int(x["end"]))
+        if isinstance(x, dict)
+        else Span(*(int(v) for v in x))
+        for x in value
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class PushMeta:
     """What a learner reports with a push (Di-PS sec. 5 ``PushRequest``, < 1 KB).
 
@@ -115,9 +138,9 @@ class PushMeta:
       pulled: the round started from a freshly pulled global version (else it went on from
         where the learner was).
       start_chunk, start_offset: the learner's data position when the round started.
-      new_chunks: chunks leased during the round, in order (with the start position, what
-        replay needs to recompute the round's batches).
-      finished_chunks: chunks the round finished (the leader completes them in its ledger).
+      spans: the batches the round trained, in order, as ``(chunk, start, end)`` (batches
+        ``start .. end - 1`` of the chunk): what the leader settles in its ledger when the
+        round is decided, or takes back when the push is dropped, and what replay draws.
     """
 
     tokens: int
@@ -128,8 +151,7 @@ class PushMeta:
     pulled: bool = True
     start_chunk: int | None = None
     start_offset: int = 0
-    new_chunks: tuple[int, ...] = ()
-    finished_chunks: tuple[int, ...] = ()
+    spans: tuple[Span, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,12 +265,12 @@ class SendModel(Action):
     To a resumed learner (``Join(resume=True)``) it also says how its last push ended
     (``last_round``, ``last_outcome``: ``applied``, ``rejected``, ``dropped``, or ``lost``:
     dropped by the restart with its chunks left with the learner, who trains that round
-    again; ``-1``/``''``: none) and which chunks are still leased to it, in lease order
-    (``leases``)."""
+    again; ``-1``/``''``: none) and which batches are still leased to it, in lease order
+    (``leases``, ``(chunk, start, end)`` pieces)."""
 
     learner: int
     version: int
-    leases: tuple[int, ...] = ()
+    leases: tuple[Span, ...] = ()
     last_round: int = -1
     last_outcome: str = ""
 
@@ -325,10 +347,17 @@ class NotifyPull(Action):
 
 @dataclasses.dataclass(frozen=True)
 class GrantChunk(Action):
-    """The learner's next chunk, or ``None`` when none can be leased now (ask again)."""
+    """The learner's next piece, batches ``start .. end - 1`` of ``chunk``, or ``chunk``
+    ``None`` when none can be leased now (ask again)."""
 
     learner: int
     chunk: int | None
+    start: int = 0
+    end: int = 0
+
+    @property
+    def piece(self) -> tuple[int, int, int] | None:
+        return None if self.chunk is None else (self.chunk, self.start, self.end)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,12 +486,12 @@ class Save(Command):
 @dataclasses.dataclass(frozen=True)
 class Restore(Command):
     """Restore the learner's checkpoint ``step`` (``None``: none, start afresh) and first
-    train the chunks still leased to it, in this order (``regrant``). The rest is what the
+    train the pieces still leased to it, in this order (``regrant``). The rest is what the
     leader's ``SendModel`` said (the version it resumes at, how its last push ended), for
     the record."""
 
     step: int | None
-    regrant: tuple[int, ...] = ()
+    regrant: tuple[Span, ...] = ()
     version: int = -1
     last_round: int = -1
     last_outcome: str = ""
@@ -528,10 +557,12 @@ def from_json(data: dict[str, Any]) -> Event | Action:
         raise ValueError(f"unknown message type {name!r}; known: {sorted(MESSAGES)}")
     if cls is PushRequested and isinstance(fields.get("meta"), dict):
         meta = dict(fields["meta"])
-        for key in ("new_chunks", "finished_chunks"):
-            if key in meta:
-                meta[key] = tuple(meta[key])
+        if "spans" in meta:
+            meta["spans"] = spans_of(meta["spans"])
         fields["meta"] = PushMeta(**meta)
+    for key in ("leases", "regrant"):
+        if cls in (SendModel, Restore) and key in fields:
+            fields[key] = spans_of(fields[key])
     if cls is PushShards and "transfers" in fields:
         fields["transfers"] = tuple(Transfer(**x) for x in fields["transfers"])
     for key, value in fields.items():

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dipsjax.syncer.messages import PushMeta
+from dipsjax.syncer.messages import PushMeta, spans_of
 
 OUTCOMES = ("applied", "rejected", "dropped")
 _NONFINITE = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan}
@@ -158,8 +158,7 @@ class RoundRecord:
 
         def part(p: dict[str, Any]) -> Participant:
             meta = dict(p["meta"])
-            meta["new_chunks"] = tuple(meta["new_chunks"])
-            meta["finished_chunks"] = tuple(meta["finished_chunks"])
+            meta["spans"] = spans_of(meta["spans"])
             return Participant(p["learner"], p["pushed_at"], p["staleness"], PushMeta(**meta))
 
         d["participants"] = [part(p) for p in d["participants"]]

@@ -76,10 +76,9 @@ NONNEGATIVE_FIELDS = frozenset(
         "learners",
         "start_chunk",
         "start_offset",
-        "new_chunks",
-        "leases",
-        "finished_chunks",
         "chunk",
+        "start",
+        "end",
         "layer",
         "step",
     }
@@ -264,6 +263,10 @@ def _check_message(obj: Any, where: str) -> None:
         }
         if len(set(lengths.values())) > 1:
             raise ValueError(f"{where}: per-learner tuples differ in length: {lengths}")
+    if isinstance(obj, m.Span) and not obj.start < obj.end:
+        raise ValueError(f"{where}: start {obj.start} must be < end {obj.end}")
+    if isinstance(obj, m.GrantChunk) and obj.chunk is not None and not obj.start < obj.end:
+        raise ValueError(f"{where}: start {obj.start} must be < end {obj.end}")
 
 
 # ------------------------------------------------------------------------ python -> pb

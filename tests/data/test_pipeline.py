@@ -113,13 +113,15 @@ def test_resume_is_exact_fixed_order(sizes, data):
 @settings(max_examples=30)
 @given(sizes=_sizes(), seed=st.integers(0, 1000), learners=st.integers(1, 4))
 def test_ledger_driven_learners_cover_each_epoch_exactly_once(sizes, seed, learners):
-    """Learners read concurrently through one ledger; some crash (losing their partial chunk,
-    which the ledger re-leases) and some restart from a checkpoint. Every sequence of every
-    chunk is kept exactly once per epoch, and the kept token counts add up."""
+    """Learners read concurrently through one ledger; some settle what they read in the
+    middle of a chunk (a round ending there), some crash (losing what they read since, which
+    the ledger leases again from where they stopped) and some restart from a checkpoint.
+    Every sequence of every chunk is kept exactly once per epoch, and the kept token counts
+    add up."""
     num, seq_len, batch, per_chunk = sizes
     chunks = _make_chunks(num, seq_len, batch, per_chunk, seed)
     epochs = 2
-    shared = LocalLedger(new_ledger(num, seed=seed, max_epochs=epochs))
+    shared = LocalLedger(new_ledger(num, batches_per_chunk=per_chunk, seed=seed, max_epochs=epochs))
     rng = random.Random(seed)
     names = [f"L{i}" for i in range(learners)]
 
@@ -133,34 +135,43 @@ def test_ledger_driven_learners_cover_each_epoch_exactly_once(sizes, seed, learn
         )
 
     streams = {n: fresh(n) for n in names}
-    pending = {n: [] for n in names}  # (epoch, chunk, seq) read since the chunk was leased
+    pending = {n: [] for n in names}  # (epoch, chunk, seq, row) read, not yet settled
     kept = []
     tokens_kept = 0
+
+    def keep(name):
+        nonlocal tokens_kept
+        spans = sorted({(c, j // batch, j // batch + 1) for _, c, j, _ in pending[name]})
+        shared.settle(name, spans)
+        kept.extend(pending[name])
+        tokens_kept += len(pending[name]) * seq_len
+        pending[name] = []
+
     for _ in range(10_000):
         if shared.state.finished:
             break
         name = rng.choice(names)
         action = rng.random()
-        if action < 0.1:  # crash: lose unfinished work, the ledger re-leases it
+        if action < 0.1:  # crash: lose unsettled work, the ledger leases it again
             shared.release(name)
             streams[name], pending[name] = fresh(name), []
             continue
         if action < 0.2:  # restart from an exact checkpoint of the current position
             streams[name] = fresh(name, StreamPosition.from_json(streams[name].position.to_json()))
             continue
+        if action < 0.3:  # a round ends here, inside a chunk or not: settle what it read
+            keep(name)
+            continue
         b = streams[name].next_batch()
         if b is None:
             continue
-        leases = {c: ep.epoch for ep in shared.state.epochs for c, lr in ep.leases if lr == name}
-        first = streams[name].position.offset - 1 if not b.finished else per_chunk - 1
+        leases = {
+            c: ep.epoch for ep in shared.state.epochs for c, *_, lr in ep.leases if lr == name
+        }
         for r in range(batch):
-            pending[name].append((leases[b.chunk], b.chunk, first * batch + r, b.tokens[r]))
+            pending[name].append((leases[b.chunk], b.chunk, b.offset * batch + r, b.tokens[r]))
         if b.finished:
-            shared.complete(name, b.chunk)
-            done = [p for p in pending[name] if p[1] == b.chunk]
-            pending[name] = [p for p in pending[name] if p[1] != b.chunk]
-            kept.extend(done)
-            tokens_kept += len(done) * seq_len
+            keep(name)
     assert shared.state.finished
     assert tokens_kept == epochs * num * batch * per_chunk * seq_len
     keys = sorted((e, c, j) for e, c, j, _ in kept)

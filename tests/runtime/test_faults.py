@@ -106,20 +106,21 @@ def _check_run(run, sim, summary, reported_before=0, after=0):
     applied = [r for r in rounds if r.applied]
     # No round applied twice: versions 1..N, once each, in order.
     assert [r.version for r in applied] == list(range(1, len(applied) + 1))
-    # Every chunk used by a decided push (accepted, or rejected: its data was used) was
-    # finished once...
+    # Every batch used by a decided push (accepted, or rejected: its data was used) was
+    # trained once...
     used = [
-        c
+        (sp.chunk, b)
         for r in rounds
         for p, _ in zip(r.participants, r.accepted, strict=False)  # undecided: no flags
-        for c in p.meta.finished_chunks
+        for sp in p.meta.spans
+        for b in range(sp.start, sp.end)
     ]
     assert used and len(used) == len(set(used))
-    # ...and the leader's chunk ledger has exactly those done (a dropped push's chunks went
-    # back to be trained again, never counted as done).
+    # ...and the leader's chunk ledger has exactly those settled (a dropped push's batches
+    # went back to be trained again, never counted as settled).
     snap = json.loads((run / "leader" / "snapshot.json").read_text())
     ledger = chunks.ChunkLedger.from_dict(snap["data"])
-    done = set().union(*(chunks.completed_chunks(ledger, e) for e in range(ledger.epoch + 1)))
+    done = set().union(*(chunks.settled_batches(ledger, e) for e in range(ledger.epoch + 1)))
     assert done == set(used)
     # Tokens: what learners reported (their own files, across incarnations) equals what the
     # leader booked, which equals applied + rejected + dropped; the budget was reached.

@@ -129,12 +129,16 @@ def _check_resumed(run, sim, summary, saved, everyone_back):
         want = v + ((snap.get("round") or {}).get("phase") == "apply")
         assert got["version"] >= want if not everyone_back else got["version"] == want
         assert first.meta.base_version == got["version"] and first.meta.pulled
-        n = min(len(got["regrant"]), len(first.meta.new_chunks))
-        assert list(first.meta.new_chunks[:n]) == got["regrant"][:n]
+        # Then the pieces still leased to it, in the order the leader listed them.
+        taken = first.meta.spans[1:] if pos["chunk"] is not None else first.meta.spans
+        n = min(len(got["regrant"]), len(taken))
+        assert [(sp.chunk, sp.start) for sp in taken[:n]] == [
+            (c, s) for c, s, _ in got["regrant"][:n]
+        ]
     assert checked >= 1
-    # Every chunk finished by a push the followers used was finished once.
-    used = [c for r in tape.round_records() if r.applied for p in r.participants
-            for c in p.meta.finished_chunks]  # fmt: skip
+    # Every batch of a push the followers used was trained once.
+    used = [(sp.chunk, b) for r in tape.round_records() if r.applied for p in r.participants
+            for sp in p.meta.spans for b in range(sp.start, sp.end)]  # fmt: skip
     assert used and len(used) == len(set(used))
     # Tokens: what the learners reported (counted at the learners, across the restart)
     # equals what the leader booked, and every push ended somewhere.

@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from dipsjax.data import check_invariants, completed_chunks
+from dipsjax.data import check_invariants, completed_chunks, settled_batches
 from dipsjax.sim.engine import Engine
 from dipsjax.sim.faults import (
     Crash,
@@ -55,20 +55,6 @@ METHODS = [
     ("naive_async", False),
 ]
 LEARNERS = 3
-# Issue 17 item 6, still open: the chunk ledger counts chunk ids, not batches. A round that
-# ends inside a chunk (``inner_steps`` not a multiple of batches per chunk) and is applied,
-# then its learner restarts (crash, eviction, lost leader): the chunk's lease is released
-# whole and its next holder trains it from batch 0, so its first batches are trained twice
-# (``test_regression_leader_restart_trains_a_batch_twice``). Until the ledger and the leases
-# carry offsets, "no batch trained twice" is left out of the default assertions (every other
-# one stays); set this to True to check it.
-BATCHES_ONCE = False
-# The same item's other face: a round discarded (a follower lost) while its learners go on
-# drops the batches they trained of a chunk they keep reading; the push that finishes the
-# chunk completes it, and its first batches are never applied
-# (``test_regression_follower_lost_drops_batches_of_a_completed_chunk``). Follower faults
-# discard rounds, so their schedules run apart (``test_random_follower_fault_schedules``)
-# with this check off; it stays on for every other schedule.
 MAX_AT = 260  # about the events of an undisturbed run
 
 
@@ -115,9 +101,7 @@ def left_for_good(schedule: tuple) -> set[int]:
     return {f.learner for f in schedule if isinstance(f, Leave) and f.back_after is None}
 
 
-def check(
-    method, overlap, schedule, batches_once=BATCHES_ONCE, batches_kept=True, replay=True, **kw
-):
+def check(method, overlap, schedule, replay=True, **kw):
     engine, res, world, booked, applies = run_schedule(method, overlap, schedule, **kw)
     leader = engine.leader
     what = f"{method} overlap={overlap} schedule={schedule!r}"
@@ -145,7 +129,7 @@ def check(
         b for _, meta, outcome in booked if outcome != "dropped" for b in push_batches(world, meta)
     )
     twice = {b: n for b, n in trained.items() if n > 1}
-    assert not (batches_once and twice), f"{what}: batches (chunk, batch) trained twice: {twice}"
+    assert not twice, f"{what}: batches (chunk, batch) trained twice: {twice}"
     per_chunk = engine.world.chunks.shape[1] // (engine.cfg.batch_size * engine.cfg.seq_len)
     missing = [
         (c, b)
@@ -153,9 +137,9 @@ def check(
         for b in range(per_chunk)
         if (c, b) not in trained
     ]
-    assert not (batches_kept and missing), (
-        f"{what}: batches of completed chunks never trained: {missing}"
-    )
+    assert not missing, f"{what}: batches of completed chunks never trained: {missing}"
+    # The ledger's own account, batch by batch, against the decided pushes' batches.
+    assert settled_batches(ledger, 0) == set(trained), f"{what}: the ledger's batches differ"
     # Versions: applied once each, in order, identically on every follower.
     applied = [(r.round_id, r.version) for r in res.tape.round_records() if r.applied]
     assert [v for _, v in applied] == list(range(1, len(applied) + 1)), (what, applied)
@@ -249,7 +233,7 @@ def test_random_fault_schedules_replay(method, overlap, schedule):
 @given(schedule=schedules(faults=any_fault))
 def test_random_follower_fault_schedules(method, overlap, schedule):
     """Follower faults (a broken control stream, a stall) among the others."""
-    check(method, overlap, schedule, batches_kept=False, replay=False)
+    check(method, overlap, schedule, replay=False)
 
 
 @pytest.mark.parametrize("method,overlap", METHODS)
@@ -264,8 +248,9 @@ def test_no_faults(method, overlap):
 def test_regression_leader_restart_trains_a_batch_twice():
     """dips, the leader restarted (``Leader.resume``) while round 0 is applied: learner 0's
     push (chunk 133 and batch 0 of chunk 202) is applied; learner 0 has no checkpoint, exits
-    and rejoins as incarnation 1, the restart releases chunk 202 whole, and learner 0 leases
-    it again and trains (202, 0) a second time (issue 17 item 6). Every other check holds."""
+    and rejoins as incarnation 1. The ledger counted chunk ids: the restart released chunk
+    202 whole, and learner 0 leased it again and trained (202, 0) a second time (issue 17
+    item 6; seen failing before the ledger counted batches)."""
     engine, res = check("dips", False, (RestartLeader(at=14),))
     assert len(engine.clock.struck) == 1
     assert any(r["kind"] == "resume" for r in res.tape.records)
@@ -273,15 +258,32 @@ def test_regression_leader_restart_trains_a_batch_twice():
 
 def test_regression_follower_lost_drops_batches_of_a_completed_chunk():
     """sync_diloco: follower 1's stream breaks mid-round, the round is discarded, and the
-    learners read on in their chunks: chunks 136 and 83 complete without their batch 0 ever
-    applied (issue 17 item 6). Every other check holds: the budget, the books, the versions
-    on every follower."""
+    learners read on in their chunks. With chunk ids counted, chunks completed without their
+    batch 0 ever applied, and a dropped push gave back a chunk whose first batch was
+    applied, trained again: (141, 0) twice (issue 17 item 6; seen failing before the ledger
+    counted batches). Now the dropped batches alone go back."""
     schedule = (
         Leave(at=91, learner=0, back_after=None),
         FollowerCut(at=117, follower=1),
         FollowerHang(at=127, follower=0, seconds=5.0),
         FollowerCut(at=175, follower=0),
     )
-    engine, _ = check("sync_diloco", False, schedule, batches_kept=False)
+    engine, _ = check("sync_diloco", False, schedule)
     assert len(engine.clock.struck) == len(schedule)
     assert any(r.get("event") == "lost" for r in engine.leader.tape.records)
+
+
+def test_regression_a_span_across_two_leased_pieces_is_settled():
+    """decoupled: learner 0 leaves with batch 0 of chunk 18 in a dropped push and batch 1 on
+    its lease: both go back as two pieces, and learner 1 leases them one after the other.
+    Its round read them as one span (18, 0, 2), which lies in no single leased piece: the
+    leader settled nothing, and after the leader's restart its next incarnation trained
+    them again (found by ``test_random_follower_fault_schedules`` while the ledger was made
+    to count batches; a span now never covers two pieces)."""
+    schedule = (
+        Hang(at=33, learner=2, seconds=7.0),
+        Leave(at=52, learner=0, back_after=None),
+        RestartLeader(at=200),
+    )
+    engine, _ = check("decoupled", False, schedule)
+    assert len(engine.clock.struck) == len(schedule)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dipsjax.data.pipeline import StreamPosition, chunk_tokens
+from dipsjax.data.pipeline import chunk_tokens
 from dipsjax.learner.round import Contribution
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.world import World
@@ -165,9 +165,8 @@ def batch_id(cfg: SimConfig, tokens: np.ndarray) -> tuple[int, int]:
 
 def push_batches(world: ToyWorld, meta: Any) -> list[tuple[int, int]]:
     """The batches a push trained, from its data position (as replay draws them)."""
-    pos = StreamPosition(chunk=meta.start_chunk, offset=meta.start_offset)
-    stream = world.stream(list(meta.new_chunks), position=pos)
-    return [batch_id(world.cfg, b.tokens) for b in itertools.islice(stream, meta.steps)]
+    stream = world.stream(list(meta.spans))
+    return [batch_id(world.cfg, b) for b in stream.take_round(meta.steps).batches]
 
 
 def toy_replay(cfg: SimConfig, tape: Any) -> dict:

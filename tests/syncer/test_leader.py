@@ -16,6 +16,11 @@ def push(t, j, tokens, steps, base, **meta):
     return L.PushRequested(t, j, L.PushMeta(tokens=tokens, steps=steps, base_version=base, **meta))
 
 
+def spans(*whole):
+    """Spans of whole one-batch chunks (a ledger of ``batches_per_chunk=1``)."""
+    return tuple(L.Span(c, 0, 1) for c in whole)
+
+
 def totals(leader):
     """The leader's books plus its pending pushes, summed independently."""
     tot = leader.ledger.totals()
@@ -595,18 +600,20 @@ def test_transfer_plans_follow_the_greedy_schedule_over_the_layer_owners():
 def test_chunk_leases_completions_and_releases_are_driven_by_leader_events():
     from dipsjax.data import check_invariants, completed_chunks, leases_of, new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(6, seed=0))
+    leader = Leader(
+        LeaderConfig(penalty=False), NoGrace(), data=new_ledger(6, batches_per_chunk=1, seed=0)
+    )
     join_all(leader, 2)
     got = {j: [] for j in (0, 1)}
     for j in (0, 1, 0):
         (grant,) = leader.handle(L.ChunkRequested(0.0, j))
         got[j].append(grant.chunk)
-    leader.handle(push(1.0, 0, 10, 1, 0, finished_chunks=(got[0][0],)))
+    leader.handle(push(1.0, 0, 10, 1, 0, spans=(L.Span(got[0][0], 0, 1),)))
     assert completed_chunks(leader.data, 0) == set()  # trained once its push is settled
     finish_round(leader, 1.5)
     assert completed_chunks(leader.data, 0) == {got[0][0]}
     # A dropped push gives its finished chunks back.
-    leader.handle(push(1.6, 0, 10, 1, 1, finished_chunks=(got[0][1],)))
+    leader.handle(push(1.6, 0, 10, 1, 1, spans=(L.Span(got[0][1], 0, 1),)))
     leader.handle(L.Leave(1.7, 0))
     assert got[0][1] not in completed_chunks(leader.data, 0)
     assert leases_of(leader.data, "0") == ()
@@ -653,7 +660,7 @@ def test_a_64_learner_snapshot_is_small():
 
 def test_messages_round_trip_through_json():
     msgs = [
-        push(1.0, 3, 10, 2, 1, new_chunks=(4, 5), finished_chunks=(4,)),
+        push(1.0, 3, 10, 2, 1, spans=(L.Span(4, 0, 1), L.Span(5, 0, 2))),
         L.PushShards(2, 3, (L.Transfer(0, 1, 0), L.Transfer(1, 0, 1))),
         L.Decide(1, (0, 1), (True, False), (5, 6), (1, 1), (1.0, 0.0), (2.0, 3.0)),
         L.FollowerNorms(1.0, 0, 2, (1.0, 2.0)),
@@ -683,7 +690,11 @@ def _deal_run(order):
     """Learners 0..2 ask for chunks in the given order under ``deal_chunks=3``."""
     from dipsjax.data import new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False, deal_chunks=3), NoGrace(), data=new_ledger(30))
+    leader = Leader(
+        LeaderConfig(penalty=False, deal_chunks=3),
+        NoGrace(),
+        data=new_ledger(30, batches_per_chunk=1),
+    )
     for j in (2, 0, 1):  # joins in any order
         leader.handle(L.Join(0.0, j))
         leader.handle(L.PullDone(0.0, j, 0))
@@ -701,7 +712,9 @@ def test_dealt_chunks_do_not_depend_on_who_asks_first():
     # On demand (the default) the first to ask gets the next chunk: timing decides.
     from dipsjax.data import new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(30))
+    leader = Leader(
+        LeaderConfig(penalty=False), NoGrace(), data=new_ledger(30, batches_per_chunk=1)
+    )
     join_all(leader, 3)
     first = leader.handle(L.ChunkRequested(0.0, 2))[0].chunk
     assert first == a[0][0] != a[2][0]
@@ -722,16 +735,16 @@ def _resumable():
     from dipsjax.data import new_ledger
 
     cfg = LeaderConfig(penalty=False, num_followers=2, deal_chunks=3)
-    leader = Leader(cfg, QuorumGrace(k=3, grace=False), data=new_ledger(40))
+    leader = Leader(cfg, QuorumGrace(k=3, grace=False), data=new_ledger(40, batches_per_chunk=1))
     join_all(leader, 3)
     chunks = {j: [leader.handle(L.ChunkRequested(0.0, j))[0].chunk for _ in range(2)]
               for j in range(3)}  # fmt: skip
     for j in range(3):
-        leader.handle(push(1.0, j, 100, 4, 0, finished_chunks=(chunks[j][0],)))
+        leader.handle(push(1.0, j, 100, 4, 0, spans=(L.Span(chunks[j][0], 0, 1),)))
     finish_round(leader, 2.0)
     later = {j: leader.handle(L.ChunkRequested(3.0, j))[0].chunk for j in range(3)}
     for j in (0, 1):
-        leader.handle(push(4.0, j, 100, 4, 1, finished_chunks=(chunks[j][1],)))
+        leader.handle(push(4.0, j, 100, 4, 1, spans=(L.Span(chunks[j][1], 0, 1),)))
     return leader, chunks, later
 
 
@@ -754,9 +767,9 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
     # its last push ended.
     (send,) = copy.handle(L.Join(11.0, 0, resume=True))
-    assert send == L.SendModel(0, 1, (chunks[0][1], later[0]), 1, "lost")
+    assert send == L.SendModel(0, 1, spans(chunks[0][1], later[0]), 1, "lost")
     (send2,) = copy.handle(L.Join(11.0, 2, resume=True))
-    assert send2 == L.SendModel(2, 1, (chunks[2][1], later[2]), 0, "applied")
+    assert send2 == L.SendModel(2, 1, spans(chunks[2][1], later[2]), 0, "applied")
     assert chunks[0][0] in completed_chunks(copy.data, 0)
     assert leases_of(copy.data, "0")[0].chunk == chunks[0][1]
     check_invariants(copy.data)
@@ -774,16 +787,18 @@ def test_a_push_that_reaches_a_resumed_leader_before_its_learner_rejoins_keeps_i
     again. Before the fix the refusal released them, and another push trained them too."""
     from dipsjax.data import leases_of, new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10, seed=0))
+    leader = Leader(
+        LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10, batches_per_chunk=1, seed=0)
+    )
     join_all(leader, 1)
     (grant,) = leader.handle(L.ChunkRequested(0.1, 0))
     back = Leader.restore(json.loads(json.dumps(leader.snapshot())))
     back.resume(1.0)
-    (refuse,) = back.handle(push(1.1, 0, 10, 1, 0, finished_chunks=(grant.chunk,)))
+    (refuse,) = back.handle(push(1.1, 0, 10, 1, 0, spans=(L.Span(grant.chunk, 0, 1),)))
     assert isinstance(refuse, L.Refuse)
     assert [lease.chunk for lease in leases_of(back.data, "0")] == [grant.chunk]
     (send,) = back.handle(L.Join(1.2, 0, resume=True))
-    assert send.leases == (grant.chunk,)
+    assert send.leases == spans(grant.chunk)
     t = totals(back)
     assert t["reported"] == 10 == t["dropped"]  # refused tokens are booked, as before
 
@@ -849,7 +864,11 @@ def test_a_push_after_the_stop_is_refused_and_booked():
 def test_a_learner_that_left_is_dealt_no_more_chunks():
     from dipsjax.data import leases_of, new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False, deal_chunks=3), NoGrace(), data=new_ledger(30))
+    leader = Leader(
+        LeaderConfig(penalty=False, deal_chunks=3),
+        NoGrace(),
+        data=new_ledger(30, batches_per_chunk=1),
+    )
     join_all(leader, 3)
     leader.handle(L.Leave(1.0, 2))
     for _ in range(5):
@@ -861,12 +880,16 @@ def test_a_learner_that_left_is_dealt_no_more_chunks():
 def test_only_a_push_the_restart_lost_tells_its_learner_to_train_it_again():
     from dipsjax.data import new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False, max_staleness=0), NoGrace(), data=new_ledger(20))
+    leader = Leader(
+        LeaderConfig(penalty=False, max_staleness=0),
+        NoGrace(),
+        data=new_ledger(20, batches_per_chunk=1),
+    )
     join_all(leader, 2)
     c = leader.handle(L.ChunkRequested(0.0, 0))[0].chunk
     leader.handle(push(0.0, 1, 10, 1, 0))
     finish_round(leader, 1.0)  # version 1: learner 0's next push (from 0) is stale
-    leader.handle(push(2.0, 0, 10, 1, 0, finished_chunks=(c,)))
+    leader.handle(push(2.0, 0, 10, 1, 0, spans=(L.Span(c, 0, 1),)))
     leader.handle(L.TransferDone(2.0, 0, leader.round.round_id))
     assert leader.members[0].last_outcome == "dropped"  # stale, during the run
     copy = Leader.restore(json.loads(json.dumps(leader.snapshot())))

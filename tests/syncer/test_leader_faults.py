@@ -8,7 +8,7 @@ import pytest
 
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
 from dipsjax.syncer import messages as L
-from tests.syncer.test_leader import join_all, kinds, push, totals
+from tests.syncer.test_leader import join_all, kinds, push, spans, totals
 
 
 def copy_of(leader, t):
@@ -177,12 +177,16 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     data trained and applied twice)."""
     from dipsjax.data import completed_chunks, leases_of, new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False, num_followers=2), NoGrace(), data=new_ledger(20))
+    leader = Leader(
+        LeaderConfig(penalty=False, num_followers=2),
+        NoGrace(),
+        data=new_ledger(20, batches_per_chunk=1),
+    )
     join_all(leader, 2)
     for k in (0, 1):
         leader.handle(L.FollowerJoined(0.0, k, 0))
     c0, c1 = (leader.handle(L.ChunkRequested(0.0, 0))[0].chunk for _ in range(2))
-    leader.handle(push(1.0, 0, 10, 1, 0, finished_chunks=(c0,)))
+    leader.handle(push(1.0, 0, 10, 1, 0, spans=(L.Span(c0, 0, 1),)))
     leader.handle(push(1.0, 1, 30, 1, 0))
     rnd = leader.round
     for j in (0, 1):
@@ -196,7 +200,7 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     for ev in [e for s in steps[:at] for e in s]:
         leader.handle(ev)
     assert leader.phase.value == phase
-    assert leader.handle(L.Join(2.0, 0, resume=True)) == [L.SendModel(0, 0, (c1,), -1, "")]
+    assert leader.handle(L.Join(2.0, 0, resume=True)) == [L.SendModel(0, 0, spans(c1), -1, "")]
     assert [lease.chunk for lease in leases_of(leader.data, "0")] == [c0, c1]  # c0: its push's
     assert leader.handle(L.PullDone(2.5, 0, 0)) == []
     acts = []
@@ -252,7 +256,7 @@ def test_an_evicted_learner_that_resumes_is_refused_and_starts_a_new_incarnation
     from dipsjax.data import new_ledger
 
     cfg = LeaderConfig(penalty=False, heartbeat_interval=1.0)
-    leader = Leader(cfg, NoGrace(), data=new_ledger(10))
+    leader = Leader(cfg, NoGrace(), data=new_ledger(10, batches_per_chunk=1))
     join_all(leader, 2)
     (grant,) = leader.handle(L.ChunkRequested(0.0, 1))
     for t in (1.0, 2.0, 3.0):
@@ -260,7 +264,7 @@ def test_an_evicted_learner_that_resumes_is_refused_and_starts_a_new_incarnation
     assert leader.handle(L.Heartbeat(3.5, 0)) == [
         L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)
     ]
-    assert leader.handle(L.ChunkRequested(3.6, 0)) == [L.GrantChunk(0, grant.chunk)]
+    assert leader.handle(L.ChunkRequested(3.6, 0)) == [L.GrantChunk(0, grant.chunk, 0, 1)]
     assert leader.handle(L.Join(4.0, 1, resume=True)) == [
         L.Refuse(
             1,
@@ -276,11 +280,15 @@ def test_an_evicted_learner_that_resumes_is_refused_and_starts_a_new_incarnation
 def test_a_learner_resuming_after_a_whole_run_resume_is_still_a_member():
     from dipsjax.data import new_ledger
 
-    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10))
+    leader = Leader(
+        LeaderConfig(penalty=False), NoGrace(), data=new_ledger(10, batches_per_chunk=1)
+    )
     join_all(leader, 1)
     (grant,) = leader.handle(L.ChunkRequested(0.0, 0))
     copy, _ = copy_of(leader, 5.0)
-    assert copy.handle(L.Join(6.0, 0, resume=True)) == [L.SendModel(0, 0, (grant.chunk,))]
+    assert copy.handle(L.Join(6.0, 0, resume=True)) == [
+        L.SendModel(0, 0, (L.Span(grant.chunk, 0, 1),))
+    ]
     assert copy.refused["unknown"] == 0
 
 
@@ -373,3 +381,37 @@ def test_a_run_stopped_by_a_fault_can_be_reopened_by_a_whole_run_resume():
     assert done.stopped and done.budget_reached()
     copy = Leader.restore(json.loads(json.dumps(done.snapshot())))
     assert copy.resume(1.0, reopen=True) == [] and copy.stopped
+
+
+# -- item 6: the ledger counts batches ---------------------------------------------------
+
+
+def test_a_refused_push_leaves_its_batches_where_they_are():
+    """A retried push (its first copy is in the round) is refused as ``pending``; an old
+    incarnation's push reaches the leader after its learner restarted. Neither may give the
+    push's batches back: the first copy settles them, and the new incarnation holds them
+    again. Before the fix both refusals released them, and another learner trained them
+    while they were applied (batches twice)."""
+    from dipsjax.data import leases_of, new_ledger, settled_batches
+    from tests.syncer.test_leader import finish_round
+
+    leader = Leader(LeaderConfig(penalty=False), NoGrace(), data=new_ledger(8, batches_per_chunk=4))
+    join_all(leader, 2)
+    (grant,) = leader.handle(L.ChunkRequested(0.0, 0))
+    first = push(1.0, 0, 10, 3, 0, spans=(L.Span(grant.chunk, 0, 3),))
+    leader.handle(first)
+    assert kinds(leader.handle(first)) == ["Refuse"]  # the retry: pending
+    assert leases_of(leader.data, "0")[0].span == (grant.chunk, 0, 4)
+    (other,) = leader.handle(L.ChunkRequested(1.1, 1))
+    assert other.chunk != grant.chunk
+    finish_round(leader, 2.0)
+    assert settled_batches(leader.data, 0) == {(grant.chunk, b) for b in range(3)}
+    # Learner 0 restarts; its new incarnation leases its batch 3 again, and then the old
+    # incarnation's push of batch 3 arrives.
+    leader.handle(L.Join(3.0, 0, incarnation=1))
+    leader.handle(L.PullDone(3.0, 0, leader.version))
+    (again,) = leader.handle(L.ChunkRequested(3.1, 0))
+    assert again.piece == (grant.chunk, 3, 4)
+    stale = push(3.2, 0, 10, 1, leader.version, incarnation=0, spans=(L.Span(grant.chunk, 3, 4),))
+    assert kinds(leader.handle(stale)) == ["Refuse"]
+    assert [lease.span for lease in leases_of(leader.data, "0")] == [(grant.chunk, 3, 4)]

@@ -40,8 +40,7 @@ EXAMPLES = [
             pulled=False,
             start_chunk=11,
             start_offset=4096,
-            new_chunks=(12, 13),
-            finished_chunks=(11,),
+            spans=(m.Span(11, 16, 32), m.Span(12, 0, 3)),
         ),
     ),
     m.PushRequested(-0.0, learner=0, meta=m.PushMeta(tokens=-1, steps=-2, base_version=0)),
@@ -56,7 +55,13 @@ EXAMPLES = [
     m.FollowerJoined(9.5, follower=4, version=10, oldest=7, address="10.0.0.4:7003", rounds=(3, 4)),
     m.FollowerLost(10.0, follower=5, reason="timeout"),
     m.FollowerHeartbeat(10.5, follower=3),
-    m.SendModel(learner=11, version=12, leases=(4, 0, 9), last_round=3, last_outcome="dropped"),
+    m.SendModel(
+        learner=11,
+        version=12,
+        leases=(m.Span(4, 0, 8), m.Span(9, 3, 4)),
+        last_round=3,
+        last_outcome="dropped",
+    ),
     m.PushShards(
         round_id=13,
         learner=14,
@@ -77,9 +82,9 @@ EXAMPLES = [
     m.Apply(round_id=17, version=18, clip_factor=0.75, merged_sq_norm=2.5),
     m.Discard(round_id=19, reason="all rejected"),
     m.NotifyPull(round_id=20, learners=(1, 2), version=21),
-    m.GrantChunk(learner=22, chunk=23),
+    m.GrantChunk(learner=22, chunk=23, start=2, end=4),
     m.GrantChunk(learner=22, chunk=None),
-    m.GrantChunk(learner=22, chunk=0),
+    m.GrantChunk(learner=22, chunk=0, start=0, end=1),
     m.Evict(learner=24, reason="missed heartbeats", incarnation=2, kind="left"),
     m.Refuse(learner=25, reason="stale", kind="pending", incarnation=4),
     m.Unused(learner=26, round_id=4, kind="nonfinite", reason="squared norm nan", incarnation=2),
@@ -152,8 +157,8 @@ def test_every_message_round_trips_exactly(message):
 
 def test_optional_none_and_zero_are_distinct_on_the_wire():
     assert c.to_proto(m.GrantChunk(1, None)).grant_chunk.HasField("chunk") is False
-    assert c.to_proto(m.GrantChunk(1, 0)).grant_chunk.HasField("chunk") is True
-    assert c.decode(c.encode(m.GrantChunk(1, 0))).chunk == 0
+    assert c.to_proto(m.GrantChunk(1, 0, 0, 1)).grant_chunk.HasField("chunk") is True
+    assert c.decode(c.encode(m.GrantChunk(1, 0, 0, 1))).chunk == 0
     assert c.decode(c.encode(m.GrantChunk(1, None))).chunk is None
     meta = m.PushMeta(1, 1, 0, start_chunk=0)
     assert c.decode(c.encode(m.PushRequested(0.0, 1, meta))).meta.start_chunk == 0
@@ -212,8 +217,12 @@ push_metas = st.builds(
     pulled=st.booleans(),
     start_chunk=st.none() | ids,
     start_offset=ids,
-    new_chunks=st.lists(ids, max_size=8).map(tuple),
-    finished_chunks=st.lists(ids, max_size=8).map(tuple),
+    spans=st.lists(
+        st.tuples(ids, small_ids, small_ids).map(
+            lambda t: m.Span(t[0], min(t[1], t[2]), max(t[1], t[2]) + 1)
+        ),
+        max_size=8,
+    ).map(tuple),
 )
 push_requests = st.builds(m.PushRequested, t=floats, learner=ids, meta=push_metas)
 push_shards = st.builds(
@@ -255,6 +264,13 @@ def _strategy_for(cls):
     """Any valid instance of a message class, from its type hints (ids >= 0)."""
     if cls is m.Decide:
         return decides()
+    if cls is m.Span:  # start < end
+        return st.builds(lambda c, s, n: m.Span(c, s, s + n), ids, small_ids, st.integers(1, 64))
+    if cls is m.GrantChunk:
+        pieces = st.builds(
+            lambda j, c, s, n: m.GrantChunk(j, c, s, s + n), ids, ids, small_ids, st.integers(1, 9)
+        )
+        return pieces | st.builds(m.GrantChunk, ids, st.none())
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
@@ -347,9 +363,18 @@ def test_fuzz_mutated_messages_raise_only_value_error(data, edits):
         (m.PushShards(1, 2, [m.Transfer(0, 0)]), r"PushShards\.transfers: expected a tuple"),
         (m.PushRequested(0.0, 1, None), r"PushRequested\.meta: expected a PushMeta"),
         (
-            m.PushRequested(0.0, 1, m.PushMeta(1, 1, 0, new_chunks=(1, -2))),
-            r"meta\.new_chunks\[1\]: must be >= 0",
+            m.PushRequested(0.0, 1, m.PushMeta(1, 1, 0, spans=(m.Span(1, 0, 1), m.Span(-2, 0, 1)))),
+            r"meta\.spans\[1\]\.chunk: must be >= 0",
         ),
+        (
+            m.PushRequested(0.0, 1, m.PushMeta(1, 1, 0, spans=(m.Span(1, 2, 2),))),
+            r"meta\.spans\[0\]: start 2 must be < end 2",
+        ),
+        (
+            m.PushRequested(0.0, 1, m.PushMeta(1, 1, 0, spans=((1, 0, 1),))),
+            r"meta\.spans\[0\]: expected a Span",
+        ),
+        (m.GrantChunk(1, 3, 1, 1), r"GrantChunk: start 1 must be < end 1"),
         (m.PushRequested(0.0, 1, m.PushMeta(1, 1, 0, start_chunk=-1)), "start_chunk: must be"),
         (m.FollowerNorms(0.0, 1, 2, ("x",)), r"sq_norms\[0\]: expected a float"),
         (m.FollowerNorms(0.0, 1, 2, 1.0), r"sq_norms: expected a tuple"),
@@ -451,8 +476,7 @@ def big_push() -> m.PushRequested:
         pulled=False,
         start_chunk=2**40,
         start_offset=2**31,
-        new_chunks=tuple(range(2**40, 2**40 + 32)),
-        finished_chunks=tuple(range(2**40, 2**40 + 32)),
+        spans=tuple(m.Span(c, 2**20, 2**20 + 64) for c in range(2**40, 2**40 + 32)),
     )
     return m.PushRequested(1.7e9, learner=2**20, meta=meta)
 

@@ -43,7 +43,7 @@ class Tick(_message.Message):
     def __init__(self, t: _Optional[float] = ...) -> None: ...
 
 class PushMeta(_message.Message):
-    __slots__ = ("tokens", "steps", "base_version", "incarnation", "train_seconds", "pulled", "start_chunk", "start_offset", "new_chunks", "finished_chunks")
+    __slots__ = ("tokens", "steps", "base_version", "incarnation", "train_seconds", "pulled", "start_chunk", "start_offset", "spans")
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -52,8 +52,7 @@ class PushMeta(_message.Message):
     PULLED_FIELD_NUMBER: _ClassVar[int]
     START_CHUNK_FIELD_NUMBER: _ClassVar[int]
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
-    NEW_CHUNKS_FIELD_NUMBER: _ClassVar[int]
-    FINISHED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     tokens: int
     steps: int
     base_version: int
@@ -62,9 +61,18 @@ class PushMeta(_message.Message):
     pulled: bool
     start_chunk: int
     start_offset: int
-    new_chunks: _containers.RepeatedScalarFieldContainer[int]
-    finished_chunks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, tokens: _Optional[int] = ..., steps: _Optional[int] = ..., base_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., train_seconds: _Optional[float] = ..., pulled: _Optional[bool] = ..., start_chunk: _Optional[int] = ..., start_offset: _Optional[int] = ..., new_chunks: _Optional[_Iterable[int]] = ..., finished_chunks: _Optional[_Iterable[int]] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[Span]
+    def __init__(self, tokens: _Optional[int] = ..., steps: _Optional[int] = ..., base_version: _Optional[int] = ..., incarnation: _Optional[int] = ..., train_seconds: _Optional[float] = ..., pulled: _Optional[bool] = ..., start_chunk: _Optional[int] = ..., start_offset: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("chunk", "start", "end")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    start: int
+    end: int
+    def __init__(self, chunk: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class PushRequested(_message.Message):
     __slots__ = ("t", "learner", "meta")
@@ -197,10 +205,10 @@ class SendModel(_message.Message):
     LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
-    leases: _containers.RepeatedScalarFieldContainer[int]
+    leases: _containers.RepeatedCompositeFieldContainer[Span]
     last_round: int
     last_outcome: str
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[int]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ...) -> None: ...
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")
@@ -287,12 +295,16 @@ class NotifyPull(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class GrantChunk(_message.Message):
-    __slots__ = ("learner", "chunk")
+    __slots__ = ("learner", "chunk", "start", "end")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     learner: int
     chunk: int
-    def __init__(self, learner: _Optional[int] = ..., chunk: _Optional[int] = ...) -> None: ...
+    start: int
+    end: int
+    def __init__(self, learner: _Optional[int] = ..., chunk: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class Evict(_message.Message):
     __slots__ = ("learner", "reason", "incarnation", "kind")

@@ -285,15 +285,6 @@ class BatchStream:
         return RoundData(batches, start, tuple(spans), self.position.tokens - start.tokens)
 
 
-def span_batches(
-    chunks: np.ndarray, spans: Sequence[tuple[int, int, int]], *, batch_size: int, seq_len: int
-) -> list[np.ndarray]:
-    """The batches of ``spans`` (``(chunk, start, end)`` each), in order, as a
-    :class:`BatchStream` reads them (replay draws a round's batches again with this)."""
-    stream = BatchStream(chunks, batch_size=batch_size, seq_len=seq_len, source=list(spans))
-    return [b.tokens for b in stream]
-
-
 class RoundData(NamedTuple):
     """One round's batches: ``batches`` (int32 ``[B, L + 1]`` each), the stream ``start``
     position, the batches read as ``spans`` (``(chunk, start, end)``, in reading order),

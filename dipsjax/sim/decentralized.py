@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from dipsjax import outer
-from dipsjax.data import LocalLedger, new_ledger
+from dipsjax.data import LocalLedger
 from dipsjax.sim.cluster import Clock
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
 from dipsjax.sim.world import World, wire
@@ -42,9 +42,7 @@ def simulate_decentralized(
     cfg: SimConfig, progress: Callable[[str], None] | None = None
 ) -> SimResult:
     world = World(cfg)
-    ledger = LocalLedger(
-        new_ledger(world.chunks.shape[0], batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed)
-    )
+    ledger = LocalLedger(world.ledger())
     tx = outer.diloco(cfg.outer_lr, cfg.outer_momentum)
     m = cfg.learners
     replicas = [jax.tree.map(jnp.asarray, world.init_params) for _ in range(m)]

@@ -11,16 +11,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dipsjax.data import LocalLedger, new_ledger
+from dipsjax.data import LocalLedger
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
 from dipsjax.sim.world import World
 
 
 def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> SimResult:
     world = World(cfg)
-    ledger = LocalLedger(
-        new_ledger(world.chunks.shape[0], batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed)
-    )
+    ledger = LocalLedger(world.ledger())
     model = world.learner("dp")
     streams = [world.stream(ledger.source(str(j))) for j in range(cfg.learners)]
     min_gbps = min(cfg.bandwidth(j) for j in range(cfg.learners))

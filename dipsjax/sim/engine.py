@@ -56,14 +56,8 @@ class SimLearner:
 
 def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
     """The leader (from the method registry) and followers holding the initial model."""
-    from dipsjax.data import new_ledger
-
     method = world.method()
-    leader = Leader(
-        method.leader,
-        method.grace,
-        data=new_ledger(len(world.chunks), batches_per_chunk=cfg.batches_per_chunk, seed=cfg.seed),
-    )
+    leader = Leader(method.leader, method.grace, data=world.ledger())
     return LocalCluster(world, leader, world.followers(method), clock)
 
 

@@ -95,6 +95,14 @@ class World:
             donate=False,
         )
 
+    def ledger(self) -> Any:
+        """A fresh chunk ledger over this world's chunks (``cfg.seed`` orders the epochs)."""
+        from dipsjax.data import new_ledger
+
+        return new_ledger(
+            len(self.chunks), batches_per_chunk=self.cfg.batches_per_chunk, seed=self.cfg.seed
+        )
+
     def stream(self, source: Any, position: StreamPosition | None = None) -> BatchStream:
         return BatchStream(
             self.chunks,

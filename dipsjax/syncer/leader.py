@@ -45,6 +45,7 @@ import collections
 import dataclasses
 import enum
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -639,16 +640,16 @@ class Leader:
         return queue.pop(0) if queue else None
 
     def _settle_spans(self, learner: int, spans: tuple[chunks.Span, ...]) -> None:
-        if self.data is None:
-            return
-        mine = [sp for sp in spans if chunks.holds(self.data, str(learner), sp)]
-        self.data = chunks.settle(self.data, str(learner), mine)
+        self._spans(chunks.settle, learner, spans)
 
     def _release_spans(self, learner: int, spans: tuple[chunks.Span, ...]) -> None:
-        if self.data is None:
-            return
-        mine = [sp for sp in spans if chunks.holds(self.data, str(learner), sp)]
-        self.data = chunks.release(self.data, str(learner), mine)
+        self._spans(chunks.release, learner, spans)
+
+    def _spans(self, op: Callable, learner: int, spans: tuple[chunks.Span, ...]) -> None:
+        """``op`` (settle or release) on the batches of ``spans`` ``learner`` still holds."""
+        if self.data is not None:
+            mine = [sp for sp in spans if chunks.holds(self.data, str(learner), sp)]
+            self.data = op(self.data, str(learner), mine)
 
     # -- pushes --------------------------------------------------------------------
 

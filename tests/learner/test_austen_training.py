@@ -18,7 +18,7 @@ from dipsjax.model.configs import get_config
 @pytest.mark.slow
 def test_tiny_model_beats_unigram_entropy_on_held_out_novel():
     chunks = train_chunks("austen", chunk_len=4096)
-    ledger = LocalLedger(new_ledger(chunks.shape[0], seed=0))
+    ledger = LocalLedger(new_ledger(chunks.shape[0], batches_per_chunk=4096 // (8 * 128), seed=0))
     stream = BatchStream(chunks, batch_size=8, seq_len=128, source=ledger.source("0"))
     val = validation_data("austen")
     assert val.doc_names == ("persuasion",)

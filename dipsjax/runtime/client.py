@@ -41,6 +41,37 @@ class ControlError(RuntimeError):
     """The leader refused a call (its message says why)."""
 
 
+class Delivery:
+    """What a receiver has taken from its ``Watch`` streams: the leader's epoch and the
+    newest number of it (one tuple, so that a heartbeat's thread reads a consistent pair).
+    The leader numbers each action on a peer's stream and sends again, on the next stream,
+    what was not acknowledged; :meth:`take` says whether an action is new."""
+
+    def __init__(self) -> None:
+        self.state = (0, 0)  # (epoch, seen)
+
+    @property
+    def epoch(self) -> int:
+        return self.state[0]
+
+    @property
+    def seen(self) -> int:
+        return self.state[1]
+
+    def take(self, env: syncer_pb2.Envelope) -> bool:
+        """Whether ``env`` is new (and now taken): unnumbered, of another epoch (a
+        restarted leader numbers from 1 again), or numbered past what was taken."""
+        if not env.seq:
+            return True
+        epoch, seen = self.state
+        if env.epoch != epoch:
+            seen = 0
+        if env.seq <= seen:
+            return False
+        self.state = (env.epoch, env.seq)
+        return True
+
+
 class ControlClient:
     """A process's connection to the leader: ``call`` an event, ``watch`` its actions."""
 
@@ -50,22 +81,36 @@ class ControlClient:
         self.channel = control_channel(spec)
         self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
         self.lock = threading.Lock()
+        self.delivery = Delivery()
+        self.stream: Any = None  # the open Watch call
 
     def call(self, event: m.Event, timeout: float = 30.0) -> list[m.Action]:
-        """Sends one event; returns the actions addressed to the caller in the reply."""
+        """Sends one event (with what its watch streams have taken: the leader then forgets
+        it); returns the actions addressed to the caller in the reply."""
         env = codec.to_proto(event, job_token=self.spec.token)
+        env.epoch, env.acked = self.delivery.state
         reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True)
         if reply.error:
             raise ControlError(reply.error)
         return [codec.from_proto(a) for a in reply.actions]
 
     def watch(self, incarnation: int = 0) -> Iterator[m.Action]:
-        """The actions the leader routes to this process, as they come."""
+        """The actions the leader routes to this process, as they come, each once: a new
+        stream starts after what the last one took, and what was sent into a stream that
+        broke comes again (:class:`Delivery`)."""
+        epoch, seen = self.delivery.state
         req = syncer_pb2.WatchRequest(
-            job_token=self.spec.token, incarnation=incarnation, **self.peer
+            job_token=self.spec.token, incarnation=incarnation, acked=seen, epoch=epoch, **self.peer
         )
-        for env in self.stub.Watch(req, wait_for_ready=True):
-            yield codec.from_proto(env)
+        self.stream = self.stub.Watch(req, wait_for_ready=True)
+        for env in self.stream:
+            if self.delivery.take(env):
+                yield codec.from_proto(env)
+
+    def cut(self) -> None:
+        """Ends the open watch stream (its reader gets an ``RpcError``: CANCELLED)."""
+        if self.stream is not None:
+            self.stream.cancel()
 
     def status(self, timeout: float = 30.0) -> dict[str, Any]:
         """The leader's status: rounds, phase, tokens, learners' states."""

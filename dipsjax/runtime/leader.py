@@ -33,6 +33,7 @@ import dataclasses
 import hmac
 import json
 import os
+import secrets
 import signal
 import sys
 import time
@@ -54,6 +55,16 @@ from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
 TO_LEARNER = (m.SendModel, m.PushShards, m.Evict, m.Refuse, m.Unused, m.GrantChunk)
+
+
+def sender(event: m.Event) -> tuple[str, int] | None:
+    """Whose stream an event's acknowledgement is about: the learner or follower that sends
+    it (a learner's events name it as ``learner``, a follower's as ``follower``)."""
+    if hasattr(event, "follower"):
+        return ("follower", event.follower)
+    if hasattr(event, "learner"):
+        return ("learner", event.learner)
+    return None
 
 
 def recipients(action: m.Action) -> list[tuple[str, int]]:
@@ -94,7 +105,13 @@ class LeaderNode:
             )
         self.leader = leader
         self.queues: dict[tuple[str, int], asyncio.Queue] = {}
-        self.pending: dict[tuple[str, int], list] = defaultdict(list)
+        # Delivery (see ``_route``): this process's epoch, each peer's next number and what
+        # it was sent and has not acknowledged, oldest first, each with the incarnation the
+        # leader counted for that learner when it was routed (-1 for followers).
+        self.epoch = secrets.randbits(62) + 1
+        self.numbered: Counter[tuple[str, int]] = Counter()
+        self.outbox: dict[tuple[str, int], list] = defaultdict(list)
+        self.routed_to: dict[tuple[str, int], list[int]] = defaultdict(list)
         self.t0 = time.monotonic()
         self.dir = Path(spec.run_dir)
         status = self.dir / "leader" / "status.json"
@@ -169,6 +186,9 @@ class LeaderNode:
             self.handle(m.Tick(0.0))
 
     def _route(self, who: tuple[str, int], action: m.Action) -> None:
+        """Numbers ``action`` on each recipient's stream and keeps it in that recipient's
+        outbox until acknowledged (:meth:`acknowledge`, or a watch that starts after it):
+        an action sent into a stream that breaks goes again on the next one."""
         if who[0] == "followers":
             targets = [("follower", k) for k in range(len(self.spec.followers))]
         elif who[0] == "all":
@@ -177,18 +197,56 @@ class LeaderNode:
             targets = [who]
         env = codec.to_proto(action)
         for target in dict.fromkeys(targets):
+            self.numbered[target] += 1
+            numbered = syncer_pb2.Envelope(epoch=self.epoch, seq=self.numbered[target])
+            numbered.MergeFrom(env)
+            self.outbox[target].append(numbered)
+            self.routed_to[target].append(self._incarnation(target, action))
             q = self.queues.get(target)
-            if q is None:
-                self.pending[target].append(env)  # delivered when it watches
-            else:
-                q.put_nowait(env)
+            if q is not None:
+                q.put_nowait(numbered)
 
-    def watch(self, who: tuple[str, int]) -> asyncio.Queue:
+    def _incarnation(self, who: tuple[str, int], action: m.Action) -> int:
+        """The learner incarnation an action routed to ``who`` is for: the one it names
+        (``Evict``, ``Refuse``, ``Unused``), else the one the leader counts now."""
+        if who[0] != "learner":
+            return -1
+        return getattr(action, "incarnation", self.leader.incarnations.get(who[1], -1))
+
+    def _forget(self, who: tuple[str, int], acked: int, epoch: int, incarnation: int = -1) -> None:
+        """Drops what ``who`` acknowledged (numbers up to ``acked`` of this leader's epoch)
+        and, for a learner's process of ``incarnation``, what was routed to an older one."""
+        if who not in self.outbox:
+            return
+        if epoch != self.epoch:
+            acked = 0
+        kept = [
+            (e, i)
+            for e, i in zip(self.outbox[who], self.routed_to[who], strict=True)
+            if e.seq > acked and i >= incarnation
+        ]
+        self.outbox[who] = [e for e, _ in kept]
+        self.routed_to[who] = [i for _, i in kept]
+
+    def acknowledge(self, event: m.Event, acked: int, epoch: int) -> None:
+        """An event's sender has taken its stream's actions up to ``acked``."""
+        who = sender(event)
+        if who is not None:
+            self._forget(who, acked, epoch)
+
+    def watch(
+        self, who: tuple[str, int], acked: int = 0, epoch: int = 0, incarnation: int = -1
+    ) -> asyncio.Queue:
+        """A queue of ``who``'s actions: every one it has not acknowledged (``acked`` of
+        ``epoch``; none of this leader's: all it kept), then each as it is routed. A learner
+        process of ``incarnation`` gets nothing that was routed to an older incarnation (a
+        new process must not take its predecessor's ``SendModel`` for its own)."""
+        self._forget(who, acked, epoch, incarnation)
         q: asyncio.Queue = asyncio.Queue()
-        pending = self.pending.pop(who, [])
-        for env in pending:
+        backlog = self.outbox.get(who, [])
+        for env in backlog:
             q.put_nowait(env)
-        if self.leader.stopped and not any(e.WhichOneof("message") == "stop" for e in pending):
+        if self.leader.stopped and not any(e.WhichOneof("message") == "stop" for e in backlog):
             # The job has stopped (maybe before this process restarted): whoever watches
             # now hears it at once.
             q.put_nowait(codec.to_proto(self.final_stop()))
@@ -199,11 +257,10 @@ class LeaderNode:
         return m.Stop(self.leader.stop_reason or "the job has stopped")
 
     def unwatch(self, who: tuple[str, int], q: asyncio.Queue) -> None:
-        """A watch stream ended: undelivered actions wait in ``pending`` for its next one."""
+        """A watch stream ended: what it did not acknowledge stays in the outbox for the
+        next one."""
         if self.queues.get(who) is q:
             del self.queues[who]
-            while not q.empty():
-                self.pending[who].append(q.get_nowait())
 
     def _persist(self) -> None:
         # The tape first, then the snapshot that says how long the tape it follows is: a
@@ -352,6 +409,7 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             return self._malformed(f"malformed message: {e}")
         if not isinstance(event, m.Event):
             return self._malformed(f"{type(event).__name__} is not an event")
+        self.node.acknowledge(event, request.acked, request.epoch)
         try:
             replies = self.node.handle(event)
         except (ValueError, TypeError) as e:
@@ -372,7 +430,8 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "watch: name a learner or follower"
             )
         who = (kind, getattr(request, kind))
-        q = self.node.watch(who)
+        incarnation = request.incarnation if kind == "learner" else -1
+        q = self.node.watch(who, request.acked, request.epoch, incarnation)
         try:
             while True:
                 env = await q.get()

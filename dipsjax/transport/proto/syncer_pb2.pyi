@@ -359,7 +359,7 @@ class Stop(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("job_token", "join", "leave", "heartbeat", "tick", "push_requested", "transfer_done", "pull_done", "chunk_requested", "learner_failed", "follower_norms", "follower_merged", "follower_applied", "follower_joined", "follower_lost", "send_model", "push_shards", "wake_at", "request_norms", "decide", "apply", "discard", "notify_pull", "grant_chunk", "evict", "refuse", "stop", "follower_heartbeat", "unused", "rejoin")
+    __slots__ = ("job_token", "join", "leave", "heartbeat", "tick", "push_requested", "transfer_done", "pull_done", "chunk_requested", "learner_failed", "follower_norms", "follower_merged", "follower_applied", "follower_joined", "follower_lost", "send_model", "push_shards", "wake_at", "request_norms", "decide", "apply", "discard", "notify_pull", "grant_chunk", "evict", "refuse", "stop", "follower_heartbeat", "unused", "rejoin", "epoch", "seq", "acked")
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
     LEAVE_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +390,9 @@ class Envelope(_message.Message):
     FOLLOWER_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     UNUSED_FIELD_NUMBER: _ClassVar[int]
     REJOIN_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
     job_token: str
     join: Join
     leave: Leave
@@ -420,7 +423,10 @@ class Envelope(_message.Message):
     follower_heartbeat: FollowerHeartbeat
     unused: Unused
     rejoin: Rejoin
-    def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., follower_heartbeat: _Optional[_Union[FollowerHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[Unused, _Mapping]] = ..., rejoin: _Optional[_Union[Rejoin, _Mapping]] = ...) -> None: ...
+    epoch: int
+    seq: int
+    acked: int
+    def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., follower_heartbeat: _Optional[_Union[FollowerHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[Unused, _Mapping]] = ..., rejoin: _Optional[_Union[Rejoin, _Mapping]] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
 
 class Replies(_message.Message):
     __slots__ = ("actions", "error")
@@ -431,16 +437,20 @@ class Replies(_message.Message):
     def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("job_token", "learner", "follower", "incarnation")
+    __slots__ = ("job_token", "learner", "follower", "incarnation", "acked", "epoch")
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     job_token: str
     learner: int
     follower: int
     incarnation: int
-    def __init__(self, job_token: _Optional[str] = ..., learner: _Optional[int] = ..., follower: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    acked: int
+    epoch: int
+    def __init__(self, job_token: _Optional[str] = ..., learner: _Optional[int] = ..., follower: _Optional[int] = ..., incarnation: _Optional[int] = ..., acked: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ("job_token",)

@@ -7,8 +7,10 @@ versions applied out of order, followers that applied different rounds. A health
 faulted or not, has every count at 0 (``audit(...)["problems"] == []``);
 ``benchmarks/chaos.py`` sums them over runs with random kills.
 
-Chunks, not batches: the leader's data ledger counts chunk ids (issue 17 item 6 is
-open), so data a dropped push trained part of a chunk of is not seen here.
+Batches, not chunks: a push names the pieces of chunks it trained (``PushMeta.spans``)
+and the leader's ledger settles batches, so data a dropped push trained part of a chunk
+of is seen here. Batches are named by (chunk, batch), not by epoch: a run longer than
+one epoch would count each batch's second epoch as trained twice.
 """
 
 from __future__ import annotations

@@ -68,12 +68,12 @@ from dipsjax import outer
 from dipsjax.data import ByteTokenizer, train_chunks
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
+from dipsjax.learner.contribution import push_meta
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address, write_json
-from dipsjax.sim.world import push_meta
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dipsjax.sim.world import add_global_change, pseudo_gradient
+from dipsjax.learner.contribution import add_global_change, delta_to_send
 
 STOP = "stop"
 
@@ -148,7 +148,7 @@ class Compute:
                 raise ValueError("a server-reference round needs the version it started from")
             base = self.start
         contrib = self.learner.run_round(batches, num_steps=num_steps, reference="start")
-        delta = pseudo_gradient(self.reference, contrib, self.learner, base)
+        delta = delta_to_send(self.reference, contrib, self.learner, base)
         delta = _host(delta, self.partition.spread)
         return dataclasses.replace(contrib, delta=None), delta
 
@@ -173,7 +173,7 @@ class Compute:
         batch = np.zeros(batch_shape, np.int32)
         for _ in range(2):  # the second from pulled parameters, as every real round starts
             contrib = self.learner.run_round([batch] * steps, num_steps=steps, reference="start")
-            delta = pseudo_gradient(self.reference, contrib, self.learner, init)
+            delta = delta_to_send(self.reference, contrib, self.learner, init)
             jax.block_until_ready(add_global_change(delta, init, init))
             self.learner.pull(init, version=0, reset_optimizer=True)
         self.learner.steps_done = self.learner.tokens_done = 0

@@ -26,9 +26,10 @@ import optax
 
 from dipsjax import outer
 from dipsjax.data import LocalLedger
+from dipsjax.learner.contribution import wire
 from dipsjax.sim.cluster import Clock
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World, wire
+from dipsjax.sim.world import World
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -96,7 +97,7 @@ def simulate_decentralized(
         training[j] = contrib.tokens
         dt = world.train_time(j, contrib.steps)
         phases["train"] += dt
-        clock.at(clock.now + dt, trained, j, wire(cfg, contrib.delta), contrib.tokens)
+        clock.at(clock.now + dt, trained, j, wire(cfg.wire, contrib.delta), contrib.tokens)
 
     def trained(j: int, delta: Any, tokens: int) -> None:
         t = clock.now

@@ -24,9 +24,10 @@ from typing import Any
 
 from dipsjax.data.pipeline import BatchStream
 from dipsjax.learner import Learner
+from dipsjax.learner.contribution import add_global_change, delta_to_send, push_meta, wire
 from dipsjax.sim.cluster import Clock, LocalCluster
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World, add_global_change, pseudo_gradient, push_meta, wire
+from dipsjax.sim.world import World
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.learner import LearnerProtocol
@@ -160,8 +161,8 @@ class Engine:
         dt = self.world.train_time(sl.j, contrib.steps)
         meta = push_meta(contrib, data, sl.incarnation, dt, pulled=sl.pulled)
         sl.pulled = False
-        delta = pseudo_gradient(self.reference, contrib, sl.learner, sl.base)
-        sl.pending = wire(self.cfg, delta)
+        delta = delta_to_send(self.reference, contrib, sl.learner, sl.base)
+        sl.pending = wire(self.cfg.wire, delta)
         sl.training = (t, dt, drawn)
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl, meta)

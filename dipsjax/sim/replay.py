@@ -21,8 +21,9 @@ import numpy as np
 
 from dipsjax import outer
 from dipsjax.learner import Learner
+from dipsjax.learner.contribution import add_global_change, delta_to_send, wire
 from dipsjax.sim.config import SimConfig
-from dipsjax.sim.world import World, add_global_change, pseudo_gradient, wire
+from dipsjax.sim.world import World
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods as methods_lib
 from dipsjax.syncer.tape import EventTape
@@ -71,8 +72,8 @@ def replay(cfg: SimConfig, tape: EventTape, world: World | None = None) -> dict:
                 # each in a round): retrained only to carry the learner's state on.
                 continue
             base = versions.get(meta.base_version)
-            delta = pseudo_gradient(method.reference, contrib, learner, base)
-            for f, part in zip(followers, world.split(wire(cfg, delta)), strict=True):
+            delta = delta_to_send(method.reference, contrib, learner, base)
+            for f, part in zip(followers, world.split(wire(cfg.wire, delta)), strict=True):
                 f.receive(rec.round_id, j, part)
         if not rec.participants:
             continue

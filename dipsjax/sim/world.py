@@ -17,8 +17,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from dipsjax import outer
@@ -28,7 +26,6 @@ from dipsjax.learner import InnerOptimizerConfig, Learner
 from dipsjax.learner.round import evaluate
 from dipsjax.model.configs import get_config
 from dipsjax.sim.config import WIRE_BYTES, SimConfig
-from dipsjax.syncer.messages import PushMeta, spans_of
 from dipsjax.syncer.schedule import assign_layers
 
 
@@ -168,48 +165,3 @@ class World:
         """A whole model from all followers at once (their egress links in parallel)."""
         gbps = min(self.cfg.bandwidth(j), self.cfg.follower_gbps * self.num_followers)
         return self.cfg.latency + self.wire_bytes * 8 / (gbps * 1e9)
-
-
-def pseudo_gradient(reference: str, contrib: Any, learner: Learner, base: Any) -> dict:
-    """What a learner sends: ``theta_start - theta_end`` (start reference), or
-    ``theta_base - theta_end`` against the version it last pulled (server reference: the
-    followers add ``theta_now - theta_base``; a round that did not start from a fresh pull
-    still yields exactly ``theta_now - theta_end``)."""
-    if reference != "server":
-        return contrib.delta
-    return jax.tree.map(lambda b, e: jnp.asarray(b, jnp.float32) - e, base, learner.params_dict())
-
-
-def add_global_change(own: Any, new: Any, base: Any) -> dict:
-    """``own + (new - base)``: a learner adopting a new global version by adding the global
-    change since the version it started from, keeping its own progress since then."""
-    return jax.tree.map(
-        lambda o, n, b: o + (jnp.asarray(n, jnp.float32) - jnp.asarray(b, jnp.float32)),
-        own,
-        new,
-        base,
-    )
-
-
-def push_meta(
-    contrib: Any, data: Any, incarnation: int, train_seconds: float, *, pulled: bool
-) -> PushMeta:
-    """What a learner reports with its push, from its contribution and the round's data."""
-    return PushMeta(
-        tokens=contrib.tokens,
-        steps=contrib.steps,
-        base_version=contrib.base_version,
-        incarnation=incarnation,
-        train_seconds=train_seconds,
-        pulled=pulled,
-        start_chunk=data.start.chunk,
-        start_offset=data.start.offset,
-        spans=spans_of(data.spans),
-    )
-
-
-def wire(cfg: SimConfig, payload: dict) -> dict:
-    """What the followers receive: a pseudo-gradient through the configured wire codec."""
-    if cfg.wire == "fp32":
-        return payload
-    return outer.decode_tree(outer.encode_tree(payload, cfg.wire))

@@ -1,0 +1,35 @@
+"""The learner side's arithmetic lives in ``dipsjax.learner``, apart from the simulator and
+the runtime that both use it (issue 17: the simulator runs the deployed learner)."""
+
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+
+from dipsjax import outer
+from dipsjax.learner.contribution import add_global_change, wire
+
+
+def test_the_learner_package_imports_neither_the_simulator_nor_the_runtime():
+    code = (
+        "import sys, dipsjax.learner, dipsjax.learner.contribution; "
+        "print(sorted(m for m in sys.modules if m.startswith(('dipsjax.sim', 'dipsjax.runtime'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_adopting_a_version_adds_the_global_change_to_ones_own_progress():
+    own = {"w": jnp.array([1.0, 2.0])}
+    base = {"w": np.array([0.5, 0.5], np.float32)}
+    new = {"w": np.array([0.75, 0.0], np.float32)}
+    np.testing.assert_allclose(add_global_change(own, new, base)["w"], [1.25, 1.5])
+
+
+def test_wire_is_the_codec_round_trip_and_fp32_is_untouched():
+    x = {"w": jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32)}
+    assert wire("fp32", x) is x
+    bf16 = wire("bf16", x)
+    np.testing.assert_array_equal(bf16["w"], outer.decode_tree(outer.encode_tree(x, "bf16"))["w"])
+    assert not np.array_equal(np.asarray(bf16["w"]), np.asarray(x["w"]))  # it did quantize

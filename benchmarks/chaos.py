@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 LAUNCH = (
-    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
     "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
 )
 MOMENTS = ("startup", "push", "apply", "pull", "any", "two", "twice", "stopped")
@@ -78,7 +78,7 @@ class Chaos:
     """One run under faults: start, kill, watch, audit."""
 
     def __init__(self, base: Path, index: int, pushes: int, inner_steps: int) -> None:
-        from dipsjax.runtime.run import make_spec
+        from dipsjax.launch.run import make_spec
         from dipsjax.sim.config import SimConfig
 
         sim = SimConfig(
@@ -238,8 +238,8 @@ class Chaos:
     # -- the end --------------------------------------------------------------------
 
     def finish(self, timeout: float = 900.0) -> dict:
+        from dipsjax.launch.run import outcome
         from dipsjax.runtime.audit import audit
-        from dipsjax.runtime.run import outcome
 
         try:
             rc = self.launcher.wait(timeout)

@@ -110,7 +110,7 @@ def _pct(xs: list[float], q: float) -> float:
 def main() -> None:
     import argparse
 
-    from dipsjax.runtime.run import make_spec
+    from dipsjax.launch.run import make_spec
     from dipsjax.sim.config import SimConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -51,7 +51,7 @@ def main() -> None:
         args.learners, args.followers, args.model, args.pushes, args.groups = 2, 2, "tiny", 4, 1
         idle = dict(idle_seconds=1.0)
 
-    from dipsjax.runtime.run import make_spec
+    from dipsjax.launch.run import make_spec
     from dipsjax.runtime.standin import launch_load
     from dipsjax.sim.config import SimConfig
     from dipsjax.syncer.tape import EventTape

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 LAUNCH = (
-    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
     "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
 )
 
@@ -67,7 +67,7 @@ def _applied_after(recs: list[dict], n_before: int) -> bool:
 
 
 def measure(role: str, base: Path, tiny: bool = False) -> dict[str, float]:
-    from dipsjax.runtime.run import make_spec
+    from dipsjax.launch.run import make_spec
     from dipsjax.sim.config import SimConfig
 
     if tiny:  # learner1 is the one killed: a second learner only when it is

@@ -165,9 +165,9 @@ def main() -> None:
 
     from dipsjax.launch.core import role_job
     from dipsjax.launch.local import Local
+    from dipsjax.launch.run import free_port
     from dipsjax.runtime.client import model_shapes
     from dipsjax.runtime.credentials import create as create_credentials
-    from dipsjax.runtime.run import free_port
     from dipsjax.runtime.spec import RunSpec
     from dipsjax.sim.config import SimConfig
     from dipsjax.syncer.schedule import assign_layers

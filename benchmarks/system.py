@@ -76,7 +76,7 @@ def _solo(spec, rounds: int) -> float:
 
 
 def main() -> None:
-    from dipsjax.runtime.run import launch, make_spec
+    from dipsjax.launch.run import launch, make_spec
     from dipsjax.sim.config import SimConfig
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

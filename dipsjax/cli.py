@@ -12,7 +12,7 @@ DELEGATED = {
     "goodput": ("dipsjax.sim.goodput", "chip-scale goodput model (Decoupled DiLoCo)"),
     "simulate": ("dipsjax.sim.experiments", "run a simulator experiment (configs/sim_*.py)"),
     "plan": ("dipsjax.model.plan", "parameter count and memory plan of every named model"),
-    "run": ("dipsjax.runtime.run", "leader, followers and learners as processes on this machine"),
+    "run": ("dipsjax.launch.run", "leader, followers and learners as processes on this machine"),
     "credentials": ("dipsjax.runtime.credentials", "create a run's TLS certificates and job token"),
     "snapshot": ("dipsjax.runtime.snapshot", "consistent snapshot of a running job, to resume"),
     "status": ("dipsjax.runtime.status", "live view of a running job, from its leader"),

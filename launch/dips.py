@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dipsjax.runtime.run import main
+from dipsjax.launch.run import main
 
 
 def cli(argv: list[str]) -> int:

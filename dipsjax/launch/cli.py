@@ -62,8 +62,8 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
             f"Start it with: kubectl apply -f {path}   (it holds the job's credentials)"
         )
         return 0
+    from dipsjax.launch.run import finish, make_spec, report
     from dipsjax.launch.slurm import Slurm
-    from dipsjax.runtime.run import finish, make_spec, report
     from dipsjax.runtime.spec import RunSpec
 
     executor = Slurm(**executor_settings(cfg, "slurm", Slurm))

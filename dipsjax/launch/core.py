@@ -23,7 +23,7 @@ launcher's self-healing does.
 Example (what ``launch/dips.py`` does)::
 
     from dipsjax import launch
-    from dipsjax.runtime.run import launch as run_locally, make_spec
+    from dipsjax.launch.run import launch as run_locally, make_spec
 
     spec = make_spec(sim, run_dir)                        # addresses, credentials, shards
     exp = launch.Experiment("quickstart", spec)

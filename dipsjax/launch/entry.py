@@ -11,7 +11,12 @@ policy, a SLURM requeue) resumes as the local launcher's self-healing does:
 * a follower with ``--resume latest`` once it has a checkpoint;
 * a learner as a new incarnation for each start after its first (its starts are counted
   in ``RUN_DIR/starts/learner{j}``): the leader ends the old one, and the new one pulls a
-  whole version before it pushes.
+  whole version before it pushes. Incarnations are kept in ``RUN_DIR/incarnations.json``
+  (:func:`incarnation`), the one store every launcher reads and bumps: the local
+  launcher's self-healing, a cluster's restarts and a run made from a snapshot.
+
+:func:`start_args` is the one rule for a role's start arguments; the local launcher's
+``Healer`` uses it too.
 
 Then it replaces itself (``exec``) with ``python -m dipsjax.runtime.ROLE``, so signals
 reach the role's process directly.
@@ -20,6 +25,7 @@ reach the role's process directly.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
@@ -42,18 +48,37 @@ def count_start(run_dir: Path, name: str) -> int:
     return before
 
 
-def start_args(role: str, index: int, run_dir: Path, count: bool = True) -> list[str]:
-    """A role's arguments after ``SPEC [INDEX]``, from what ``run_dir`` holds (``count``:
-    this is a real start of a learner, which counts towards its incarnations)."""
+def incarnation(run_dir: Path, learner: int, *, new: bool = False) -> int:
+    """The incarnation learner ``learner`` starts as: the one ``RUN_DIR/incarnations.json``
+    records (0 when none), or with ``new`` one more, recorded (a restart)."""
+    from dipsjax.runtime.spec import write_json
+
+    path = run_dir / "incarnations.json"
+    known: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
+    name = f"learner{learner}"
+    if new:
+        known[name] = known.get(name, 0) + 1
+        write_json(path, known)
+    return known.get(name, 0)
+
+
+def start_args(
+    role: str, index: int, run_dir: Path, *, restart: bool | None = None, move: bool = False
+) -> list[str]:
+    """A role's arguments after ``SPEC [INDEX]``, from what ``run_dir`` holds: the leader
+    resumes from its snapshot and a follower from its newest checkpoint once they have one
+    (``move``: a follower on a new port); a learner starts as its recorded incarnation, or
+    as a new one when this is a ``restart``. ``restart=None``: a cluster's start, counted in
+    ``RUN_DIR/starts/``, every one after the first a restart."""
     if role == "leader":
         return ["--resume"] if (run_dir / "leader" / "snapshot.json").exists() else []
     if role == "follower":
         ckpt = run_dir / f"follower{index}" / "ckpt"
-        return ["--resume", "latest"] if ckpt.is_dir() and any(ckpt.iterdir()) else []
-    if not count:
-        path = run_dir / "starts" / f"learner{index}"
-        return ["--incarnation", path.read_text() if path.exists() else "0"]
-    return ["--incarnation", str(count_start(run_dir, f"learner{index}"))]
+        resume = ["--resume", "latest"] if ckpt.is_dir() and any(ckpt.iterdir()) else []
+        return [*resume, *(["--port", "0"] if move else [])]
+    if restart is None:
+        restart = count_start(run_dir, f"learner{index}") > 0
+    return ["--incarnation", str(incarnation(run_dir, index, new=restart))]
 
 
 def command(role: str, spec_path: str, index: int | None, count: bool = True) -> list[str]:
@@ -78,7 +103,7 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
     if role == "learner" and process_index() > 0:
         extra = []  # a spread partition's other process: it serves the first, no incarnation
     else:
-        extra = start_args(role, index or 0, Path(spec.run_dir), count)
+        extra = start_args(role, index or 0, Path(spec.run_dir), restart=None if count else False)
     return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
 
 

@@ -272,8 +272,8 @@ def prepare(
     """A run of ``sim`` for Kubernetes: credentials for the pods' DNS names (in
     ``out/credentials``), the cluster spec and its experiment."""
     from dipsjax.launch.core import role_jobs
+    from dipsjax.launch.run import make_spec
     from dipsjax.runtime.credentials import create
-    from dipsjax.runtime.run import make_spec
 
     leader, hosts = dns_names(name, sim.followers)  # make_spec may use fewer
     ns = executor.namespace

@@ -77,7 +77,7 @@ class Local:
             )
         if n > 1:
             self._end(self.groups.pop(job.name, []))
-            from dipsjax.runtime.run import free_port
+            from dipsjax.launch.run import free_port
 
             env.update(DIPSJAX_NUM_PROCESSES=str(n), DIPSJAX_COORDINATOR=f"127.0.0.1:{free_port()}")
         procs = []

@@ -3,7 +3,8 @@
 * :mod:`~dipsjax.runtime.leader` -- asyncio gRPC control server around the sans-IO leader.
 * :mod:`~dipsjax.runtime.follower` -- a shard, its outer state, a data-plane server.
 * :mod:`~dipsjax.runtime.learner` -- one partition's JAX inner loop.
-* :mod:`~dipsjax.runtime.run` -- ``dipsjax run``: starts them all on this machine.
+* ``dipsjax run`` (which starts them all) lives in :mod:`dipsjax.launch.run`.
 
-Work in progress (issue 8): no checkpoints, resume, overlapping learners or benchmarks yet.
+Each role checkpoints and resumes; the launchers (local, SLURM, Kubernetes) are in
+:mod:`dipsjax.launch`.
 """

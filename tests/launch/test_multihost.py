@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dipsjax.launch import Experiment, Requirements, role_jobs
-from dipsjax.runtime.run import launch, make_spec
+from dipsjax.launch.run import launch, make_spec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.tape import EventTape
 

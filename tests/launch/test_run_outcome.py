@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from dipsjax.runtime import credentials, run
+from dipsjax.launch import run
+from dipsjax.runtime import credentials
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
@@ -139,3 +140,33 @@ def test_a_restarted_role_resumes_from_what_the_run_folder_holds(tmp_path):
     assert healer.args("follower0") == ["--resume", "latest"]
     healer.spec.move_followers = True
     assert healer.args("follower0") == ["--resume", "latest", "--port", "0"]
+
+
+def test_the_local_launcher_and_a_cluster_count_one_learners_incarnations(tmp_path):
+    """One store (``incarnations.json``) and one rule (``entry.start_args``): a learner the
+    local launcher restarted, then started by a cluster's machinery, continues the count;
+    a run made from a snapshot starts its learners at the incarnation the snapshot gives.
+    Before, the cluster counted its own starts from 0, so a learner of a run made from a
+    snapshot joined as an incarnation older than the leader knew, and was refused."""
+    from dipsjax.launch.entry import start_args
+
+    healer, started = _healer(tmp_path, False, learner1=75)
+    run_dir = tmp_path / "run"
+    assert healer.args("learner1") == ["--incarnation", "0"]  # its first start
+    healer.check()
+    healer.check()
+    assert started == [("learner1", "--incarnation", "1")]
+    assert json.loads((run_dir / "incarnations.json").read_text()) == {"learner1": 1}
+    # A cluster's first start of it in this folder takes the recorded one, later ones count.
+    assert start_args("learner", 1, run_dir) == ["--incarnation", "1"]
+    assert start_args("learner", 1, run_dir) == ["--incarnation", "2"]
+    assert healer.args("learner1") == ["--incarnation", "2"]  # the same store
+    # Both give a follower and the leader the same arguments for the same folder.
+    (run_dir / "follower0" / "ckpt" / "4").mkdir(parents=True)
+    for name, role, index in (("leader", "leader", 0), ("follower0", "follower", 0)):
+        assert healer.args(name) == start_args(role, index, run_dir)
+    # A run made from a snapshot: its learners come back as the snapshot says.
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    (snap / "incarnations.json").write_text(json.dumps({"learner0": 3}))
+    assert start_args("learner", 0, snap) == ["--incarnation", "3"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dipsjax.launch.run import make_spec
 from dipsjax.runtime import credentials
 from dipsjax.runtime.client import ControlClient, ControlError
-from dipsjax.runtime.run import make_spec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m
 

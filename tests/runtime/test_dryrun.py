@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from dipsjax.launch import run as run_cmd
 from dipsjax.model.configs import get_config
 from dipsjax.model.plan import memory_plan
-from dipsjax.runtime import run as run_cmd
 from dipsjax.runtime.client import model_layout
 from dipsjax.runtime.dryrun import plan
 from dipsjax.sim.config import SimConfig

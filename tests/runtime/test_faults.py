@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from dipsjax.data import ledger as chunks
+from dipsjax.launch.run import final_params, make_spec
 from dipsjax.runtime.client import model_shapes
-from dipsjax.runtime.run import final_params, make_spec
 from dipsjax.runtime.spec import address
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal
@@ -26,7 +26,7 @@ from dipsjax.transport.dataplane import DataPlaneClient, TransferError
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LAUNCH = (
-    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
     "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
 )
 
@@ -446,8 +446,8 @@ def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
     of the learners) started from it reaches the budget with the books balanced, every
     chunk trained once, versions continuing from the snapshot's, and a tape that replays
     from version 0 to the final parameters: the copied shards agree with the tape."""
+    from dipsjax.launch.run import launch, resumable
     from dipsjax.runtime import snapshot
-    from dipsjax.runtime.run import launch, resumable
 
     sim = _sim(learners=2, speeds=(1, 1.3))
     run = tmp_path / "run"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dipsjax.runtime.run import make_spec
+from dipsjax.launch.run import make_spec
 from dipsjax.sim.config import SimConfig
 
 pytestmark = [pytest.mark.integration]

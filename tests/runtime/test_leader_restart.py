@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from dipsjax.launch.run import free_port
 from dipsjax.runtime import credentials
 from dipsjax.runtime.client import ControlClient
 from dipsjax.runtime.leader import LeaderNode
-from dipsjax.runtime.run import free_port
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m

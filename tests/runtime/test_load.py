@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from dipsjax.runtime.run import final_params, make_spec
+from dipsjax.launch.run import final_params, make_spec
 from dipsjax.runtime.standin import launch_load
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.tape import EventTape

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dipsjax.runtime.run import final_params, launch, make_spec
+from dipsjax.launch.run import final_params, launch, make_spec
 from dipsjax.runtime.tbread import run_scalars
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal

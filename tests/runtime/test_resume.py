@@ -11,8 +11,8 @@ import time
 
 import pytest
 
+from dipsjax.launch.run import final_params, launch, make_spec, resumable
 from dipsjax.runtime.checkpoint import Checkpoints
-from dipsjax.runtime.run import final_params, launch, make_spec, resumable
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal
 from dipsjax.syncer.tape import EventTape
@@ -20,7 +20,7 @@ from dipsjax.syncer.tape import EventTape
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LAUNCH = (
-    "import sys; from dipsjax.runtime.run import launch; from dipsjax.runtime.spec import "
+    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
     "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
 )
 

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
+from dipsjax.launch.run import make_spec
 from dipsjax.runtime import credentials
 from dipsjax.runtime import status as status_cmd
 from dipsjax.runtime.client import ControlClient
-from dipsjax.runtime.run import make_spec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m
 

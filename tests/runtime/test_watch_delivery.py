@@ -10,10 +10,10 @@ import threading
 import grpc
 import pytest
 
+from dipsjax.launch.run import free_port
 from dipsjax.runtime import credentials
 from dipsjax.runtime.client import ControlClient, Delivery
 from dipsjax.runtime.leader import LeaderNode, SyncerService, add_service, server_options
-from dipsjax.runtime.run import free_port
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m

@@ -129,21 +129,17 @@ class Healer:
         self.count: dict[str, int] = {}
         self.due: dict[str, tuple[float, int, float]] = {}  # name -> (restart at, rc, seen)
         self.stopped = False
-        path = self.run_dir / "incarnations.json"
-        self.incarnations: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
 
-    def args(self, name: str) -> list[str]:
-        """Extra arguments of a role's next start: the leader and a follower resume from
-        what the run folder holds, by the rule a cluster's restarts use
-        (:func:`dipsjax.launch.entry.start_args`); a learner is a new incarnation."""
+    def args(self, name: str, restart: bool = False) -> list[str]:
+        """Arguments of a role's next start, by the rule a cluster's restarts use
+        (:func:`dipsjax.launch.entry.start_args`: resume from what the run folder holds; a
+        learner's ``restart`` is a new incarnation, counted in ``incarnations.json``)."""
         from dipsjax.launch.entry import start_args
 
-        if name == "leader":
-            return start_args("leader", 0, self.run_dir, count=False)
-        if name.startswith("follower"):
-            moved = ["--port", "0"] if self.spec.move_followers else []
-            return [*start_args("follower", int(name[8:]), self.run_dir, count=False), *moved]
-        return ["--incarnation", str(self.incarnations.get(name, 0))]
+        role = name.rstrip("0123456789")
+        index = int(name[len(role) :] or 0)
+        move = role == "follower" and self.spec.move_followers
+        return start_args(role, index, self.run_dir, restart=restart, move=move)
 
     def job_stopped(self) -> bool:
         """Whether the leader has stopped the job (its snapshot says so; once it does, it
@@ -182,10 +178,7 @@ class Healer:
                 continue
             del self.due[name]
             self.count[name] = self.count.get(name, 0) + 1
-            if name.startswith("learner"):
-                self.incarnations[name] = self.incarnations.get(name, 0) + 1
-                write_json(self.run_dir / "incarnations.json", self.incarnations)
-            self.start(name, *self.args(name))
+            self.start(name, *self.args(name, restart=True))
             record = {"role": name, "rc": rc, "seen": seen - self.t0, "restarted": now - self.t0}
             with (self.run_dir / "restarts.jsonl").open("a") as fh:
                 fh.write(json.dumps(record) + "\n")

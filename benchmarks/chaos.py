@@ -18,8 +18,9 @@ or replaced, that a follower was lost; for the leader, the launcher's restart) a
 **recover** (the learner's new incarnation is active, the follower joined again, the
 leader wrote its ``resume`` record). Once a run has had its faults it runs to its
 budget; then :func:`dipsjax.runtime.audit.audit` counts, from the run's own records:
-tokens the learners reported that the leader's books lack, chunks trained twice or never
-(chunks, not batches: issue 17 item 6), versions out of order, followers that diverged.
+tokens the learners reported that the leader's books lack, batches trained twice or never
+(each push names the pieces of chunks it trained), versions out of order, followers that
+diverged.
 **Participation**: the run's time after its first applied round is cut into windows of
 twice the slowest learner's mean time between pushes; in each window a learner that was
 not down (between a kill and its next ``active`` record) counts as live, and as taking
@@ -28,7 +29,7 @@ leader was down are left out (no round could be applied). The figure is taking p
 live.
 
 Goals (issue 17): every fault survived and every run finished (exit 0 at its budget), 0
-tokens lost, 0 chunks twice, detection < 5 s and recovery < 30 s per role, participation
+tokens lost, 0 batches twice or lost, detection < 5 s and recovery < 30 s per role, participation
 >= 90% of live learners.
 
 Run: ``.venv/bin/python benchmarks/chaos.py`` (``--runs 3 --faults 6 --seed 0``; ``--tiny``:

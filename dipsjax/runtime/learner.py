@@ -15,8 +15,8 @@ version (Di-PS: a round's learners pull, the others keep training). A per-learne
 learners of different speeds on one machine. It sends a heartbeat every
 ``spec.heartbeat_interval`` seconds from a thread, so a long round never looks like a death.
 
-The learner's arithmetic is the simulator's (:mod:`dipsjax.sim.world`: the same learner,
-batches, pseudo-gradient and wire codec), so a run's tape replays through
+The learner's arithmetic is the simulator's (:mod:`dipsjax.learner.contribution`: the same
+learner, batches, pseudo-gradient and wire codec), so a run's tape replays through
 :func:`dipsjax.sim.replay.replay`.
 
 Checkpoints (orbax, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept): the inner AdamW state

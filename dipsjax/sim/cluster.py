@@ -16,19 +16,36 @@ Timing (virtual seconds):
 * each follower report reaches the leader ``2 * latency`` after the request;
 * an outer step takes ``update_seconds`` on every follower;
 * faults are events: :meth:`LocalCluster.leader_lost` breaks a follower's control stream,
-  :meth:`LocalCluster.hang` stalls a follower.
+  :meth:`LocalCluster.hang` stalls a follower, :meth:`LocalCluster.kill` kills a follower's
+  process and restarts it from its disk (after :meth:`LocalCluster.model_processes`).
+
+Disk (:class:`FollowerDisk`, kept once :meth:`LocalCluster.model_processes` is called): what
+the follower process of ``runtime/follower.py`` writes, and nothing else. Its checkpoint of
+version 0 (written before it joins), then a checkpoint (version, shard, outer state, ended
+rounds) for each ``Save('version')`` and the round's inputs (``Decide`` and stacked batch,
+one file, the newest) for each ``Save('inputs')``, as copies, when the core returns them
+(before the commands after them). The report of an outer step leaves ``update_seconds``
+later (the step's time): a kill in between finds the new version on disk and the report
+never sent; a kill before the ``Apply`` arrives finds the previous version and the round's
+inputs (the files a kill during the step's computation leaves). A killed follower loses
+everything else: staged shards, version cache, the actions queued to it and those sent
+while it is down; pushes to it and pulls from it wait until it is back (the runtime's
+learners retry them).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from dipsjax import outer
 from dipsjax.sim.world import World
@@ -55,6 +72,64 @@ class Clock:
             t, _, fn, args = heappop(self._queue)
             self.now = t
             fn(*args)
+
+    def remove(self, pred: Callable[[Callable[..., None], tuple], bool]) -> int:
+        """Removes the queued callbacks for which ``pred(fn, args)`` holds; returns how many."""
+        kept = [e for e in self._queue if not pred(e[2], e[3])]
+        removed = len(self._queue) - len(kept)
+        if removed:
+            heapq.heapify(kept)
+            self._queue = kept
+        return removed
+
+
+def _copy(tree: Any) -> Any:
+    """Host copies of a tree's arrays (what a write to disk keeps: later steps donate or
+    reuse the live buffers)."""
+    return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+
+
+@dataclasses.dataclass
+class FollowerDisk:
+    """A follower's files: checkpoints by version (the ``keep`` newest, as orbax keeps
+    them: ``(params, opt_state, ended rounds)``), and the newest decided round's inputs
+    ``(version, Decide, stacked batch)``."""
+
+    checkpoints: dict[int, tuple[Any, Any, list[list[int]]]]
+    inputs: tuple[int, m.Decide, Any] | None = None
+    keep: int = 3
+
+    def save_version(self, f: Follower) -> None:
+        st = f.state
+        self.checkpoints[st.version] = (_copy(st.params), _copy(st.opt_state), f.ended_rounds())
+        for v in sorted(self.checkpoints)[: -self.keep]:
+            del self.checkpoints[v]
+
+    def save_inputs(self, f: Follower, round_id: int, version: int) -> None:
+        decision, stacked = f.round_inputs(round_id)
+        self.inputs = (version, decision, _copy(stacked))
+
+    def restore(self, dead: Follower) -> Follower:
+        """The follower a restarted process builds (``--resume latest``): the newest
+        checkpoint, then the saved inputs if they are of its version (the core decides)."""
+        v = max(self.checkpoints)
+        params, opt_state, ended = self.checkpoints[v]
+        f = Follower(
+            dead.follower_id,
+            params,
+            dead.tx,
+            capacity=dead.capacity,
+            reference=dead.reference,
+            version=v,
+            opt_state=jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state),
+            version_cache=dead.version_cache,
+            ended=ended,
+        )
+        f.address = dead.address
+        if self.inputs is not None:
+            version, decision, stacked = self.inputs
+            f.restore_inputs(version, decision, stacked)
+        return f
 
 
 class Port(Protocol):
@@ -84,11 +159,30 @@ class LocalCluster:
         self.hung_until = [float("-inf")] * len(followers)
         self.deaf_until = [float("-inf")] * len(followers)
         self.lost_actions = 0  # actions sent into a follower's broken control stream
+        # The followers' heartbeat threads (off: the leader never watches a follower's
+        # silence; on: each one up beats at every Tick, which the engine feeds each
+        # heartbeat interval; a follower's start sends a first beat either way).
+        self.follower_heartbeats = False
+        # Follower processes and their files (kills; see the module docstring).
+        self.disk: list[FollowerDisk] | None = None
+        self.down: dict[int, float] = {}  # dead follower -> when its new process starts
+        self.kills = 0
+        self.restarts = 0
+        # Each kill: (follower, time, version restored, decided rounds it took back).
+        self.restored: list[tuple[int, float, int, tuple[int, ...]]] = []
+        # The report of each follower's newest outer step (leaves when the step is over).
+        self.stepping: dict[int, m.Event] = {}
 
     # -- the leader ------------------------------------------------------------------
 
     def feed(self, event: m.Event) -> list[m.Action]:
-        """Hands one event to the leader and carries out its actions."""
+        """Hands one event to the leader and carries out its actions (with
+        :attr:`follower_heartbeats`, a ``Tick`` comes after the heartbeats of the followers
+        whose processes run and are not hung)."""
+        if self.follower_heartbeats and isinstance(event, m.Tick):
+            for k in range(len(self.followers)):
+                if k not in self.down and k not in self.exits and event.t >= self.hung_until[k]:
+                    self.execute(self.leader.handle(m.FollowerHeartbeat(event.t, k)), event.t)
         actions = self.leader.handle(event)
         self.execute(actions, event.t)
         return actions
@@ -110,7 +204,7 @@ class LocalCluster:
                 for k in range(len(self.followers)):
                     if isinstance(a, m.Rejoin) and a.follower != k:
                         continue
-                    if t < self.deaf_until[k]:  # sent into its broken stream: lost
+                    if k in self.down or t < self.deaf_until[k]:  # no one hears it: lost
                         self.lost_actions += 1
                         continue
                     if t < self.hung_until[k]:  # it takes its actions, in order, once awake
@@ -127,18 +221,23 @@ class LocalCluster:
     def follower_commands(self, k: int, commands: list[m.Command], t: float) -> None:
         """Carries out follower ``k``'s commands of time ``t``: each ``Send`` reaches the
         leader ``2 * latency`` later (a ``FollowerApplied`` once the outer step's
-        ``update_seconds`` are over); a ``Save`` is counted by kind (nothing to write here)."""
+        ``update_seconds`` are over); a ``Save`` is counted by kind, and written to the
+        follower's disk if :meth:`model_processes` was called."""
         cfg = self.world.cfg
         for c in commands:
             if isinstance(c, m.Save):
                 self.saves[c.kind] += 1
+                if self.disk is not None and c.kind == "inputs":
+                    self.disk[k].save_inputs(self.followers[k], c.round_id, c.version)
+                elif self.disk is not None:
+                    self.disk[k].save_version(self.followers[k])
             elif isinstance(c, m.Send):
-                due = t + (
-                    cfg.update_seconds
-                    if isinstance(c.event, m.FollowerApplied)
-                    else 2 * cfg.latency
-                )
-                self.clock.at(due, self.feed, dataclasses.replace(c.event, t=due))
+                step = isinstance(c.event, m.FollowerApplied)
+                due = t + (cfg.update_seconds if step else 2 * cfg.latency)
+                event = dataclasses.replace(c.event, t=due)
+                if step:
+                    self.stepping[k] = event
+                self.clock.at(due, self.feed, event)
             elif isinstance(c, m.Exit):
                 self.exits[k] = c
 
@@ -148,13 +247,75 @@ class LocalCluster:
         """Follower ``k``'s control stream breaks at ``t`` (the leader stays up): the
         follower says it was lost and joins again; actions sent to it before its word
         reaches the leader went into the broken stream and are lost."""
+        if k in self.down:
+            return  # a dead process has no stream to break
         self.deaf_until[k] = t + 2 * self.world.cfg.latency
         self.follower_commands(k, self.followers[k].leader_lost(t), t)
 
     def hang(self, k: int, until: float) -> None:
         """Follower ``k`` takes no action before ``until`` (a stalled process); then it
         carries out the ones that came meanwhile, in order."""
+        if k in self.down:
+            return  # no process to stall
         self.hung_until[k] = max(self.hung_until[k], until)
+
+    def model_processes(self) -> None:
+        """Models the followers' processes from now on: their files (see the module
+        docstring), starting with each one's checkpoint of the version it holds (the
+        runtime's, before it joins), and their heartbeats (:attr:`follower_heartbeats`: a
+        restarted follower's first beat makes the leader watch its silence)."""
+        self.follower_heartbeats = True
+        if self.disk is None:
+            self.disk = [FollowerDisk({}) for _ in self.followers]
+            for d, f in zip(self.disk, self.followers, strict=True):
+                d.save_version(f)
+
+    def kill(self, k: int, t: float, back_after: float) -> bool:
+        """Follower ``k``'s process dies at ``t``; the launcher starts a new one
+        ``back_after`` seconds later from its disk (``--resume latest``). Everything else
+        it held is lost, and so are the actions queued to it (a hang's) or sent to it while
+        down, and the report of an outer step not over yet. Returns False if there was no
+        process to kill (down already, or it exited)."""
+        if self.disk is None:
+            raise RuntimeError("a kill needs the followers' disk: call model_processes() first")
+        if k in self.down or k in self.exits:
+            return False
+        self.kills += 1
+        self.clock.remove(lambda fn, args: fn == self._follower_handles and args[0] == k)
+        self.hung_until[k] = self.deaf_until[k] = float("-inf")
+        report = self.stepping.pop(k, None)  # not sent if its step is not over
+        if report is not None:
+            self.clock.remove(lambda fn, args: fn == self.feed and args[0] is report)
+        self.down[k] = t + back_after
+        # The object a new process builds from disk (the disk is unchanged until then).
+        f = self.followers[k] = self.disk[k].restore(self.followers[k])
+        self.restored.append((k, t, f.version, f.decided_rounds()))
+        self.clock.at(t + back_after, self._restart, k)
+        return True
+
+    def _restart(self, k: int) -> None:
+        """Follower ``k``'s new process starts: it says it was lost and joins again, and
+        watches the leader's actions once the leader has its join (as the runtime's does:
+        what was sent before is lost, as into a broken stream)."""
+        if self.down.pop(k, None) is None:
+            return
+        self.restarts += 1
+        t = self.clock.now
+        self.deaf_until[k] = t + 2 * self.world.cfg.latency
+        self.follower_commands(k, self.followers[k].start(t, restarted=True), t)
+
+    def is_down(self, k: int) -> bool:
+        return k in self.down
+
+    def pull_ready(self, version: int) -> float | None:
+        """When a pull of ``version`` can be served: ``None`` now; else a time to try again
+        (a follower is down: when it is back; no version is held by every follower: a
+        retry later, as the runtime's learner retries a refused pull)."""
+        if self.down:
+            return min(self.down.values())
+        if not self.cached_versions():
+            return self.clock.now + max(self.world.cfg.latency, 0.05)
+        return None
 
     # -- the data plane --------------------------------------------------------------
 
@@ -187,6 +348,19 @@ class LocalCluster:
         self.phases["push"] += free - t
 
         def deliver(t_end: float) -> None:
+            down = [k for tr in action.transfers if (k := tr.follower) in self.down]
+            if down:
+                # The learner's transfers to a dead follower fail; it sends them again,
+                # whole, once that follower's new process is up.
+                k = down[0]
+                resend = sum(
+                    w.layer_bytes[tr.layer] / w.rate(j, k)
+                    for tr in action.transfers
+                    if tr.follower == k
+                )
+                again = self.down[k] + w.cfg.latency + resend
+                self.clock.at(again, deliver, again)
+                return
             payload = take_payload()
             if payload is None:
                 return
@@ -208,8 +382,11 @@ class LocalCluster:
 
     def model(self, version: int | None = None) -> tuple[int, dict]:
         """A complete model of one version (default: the newest), as host arrays."""
-        newest = self.followers[0].version
-        v = newest if version is None or version not in self.cached_versions() else version
+        common = self.cached_versions()
+        if not common:
+            held = {f.follower_id: f.cached_versions() for f in self.followers}
+            raise RuntimeError(f"no version is held by every follower: {held}")
+        v = max(common) if version is None or version not in common else version
         shards = [f.pull(v)[1] for f in self.followers]
         return v, jax.device_get(outer.merge_trees(shards))
 

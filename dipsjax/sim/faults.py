@@ -24,6 +24,10 @@ keep no checkpoints):
 * :class:`FollowerCut`: a follower's control stream breaks (``Follower.leader_lost``: lost,
   then joined with the decided rounds it holds; actions sent into the stream are lost);
 * :class:`FollowerHang`: a follower stalls, then carries out what came meanwhile;
+* :class:`FollowerKill`: a follower's process dies (everything in memory lost, and what was
+  sent to it while down); the launcher starts a new one ``back_after`` seconds later from
+  what the old one wrote to disk (:meth:`~dipsjax.sim.cluster.LocalCluster.kill`: its newest
+  checkpoint and the newest decided round's inputs, as ``--resume latest`` does);
 * :class:`RestoreLeader`: the leader replaced by one restored from its JSON snapshot;
 * :class:`RestartLeader`: the leader process killed and restarted from its snapshot with
   :meth:`~dipsjax.syncer.leader.Leader.resume` (the runtime's ``--resume``): what was on its
@@ -51,6 +55,10 @@ class RunawayError(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class Fault:
     at: int  # strikes before the clock's event number ``at``
+
+    # Whether the run models the followers' processes from its start (their files and
+    # heartbeats: LocalCluster.model_processes).
+    needs_processes = False
 
     def strike(self, engine: Any) -> None:
         raise NotImplementedError
@@ -147,6 +155,22 @@ class FollowerHang(Fault):
 
 
 @dataclasses.dataclass(frozen=True)
+class FollowerKill(Fault):
+    """A follower's process dies; a new one starts ``back_after`` seconds later from its
+    disk. Struck during an outer step (its checkpoint written, its report not yet sent),
+    the report is never sent. Pushes to it and pulls from it wait until it is back (the
+    learners retry them)."""
+
+    follower: int = 0
+    back_after: float = 1.0
+
+    needs_processes = True
+
+    def strike(self, engine: Any) -> None:
+        engine.cluster.kill(self.follower, engine.clock.now, self.back_after)
+
+
+@dataclasses.dataclass(frozen=True)
 class RestoreLeader(Fault):
     def strike(self, engine: Any) -> None:
         engine._restore_leader()
@@ -161,7 +185,9 @@ class RestartLeader(Fault):
         leader = Leader.restore(snap, tape=engine.leader.tape)
         cluster.leader = leader
         cluster.execute(leader.resume(t), t)
-        for f in cluster.followers:  # their control streams broke: the protocol rejoins
+        for k, f in enumerate(cluster.followers):  # their streams broke: the protocol rejoins
+            if cluster.is_down(k):
+                continue  # a dead one joins when its new process starts
             for c in f.leader_lost(t, "the leader restarted"):
                 if isinstance(c, m.Send):
                     cluster.feed(dataclasses.replace(c.event, t=t))
@@ -172,7 +198,13 @@ class RestartLeader(Fault):
 
 class FaultClock(Clock):
     """A :class:`Clock` that strikes a schedule's faults before the events they name and
-    bounds the run (``max_events`` callbacks, ``max_time`` virtual seconds)."""
+    bounds the run (``max_events`` callbacks, ``max_time`` virtual seconds).
+
+    With a follower kill in the schedule, the cluster keeps its followers' files from the
+    start, and a learner's pull (the engine's ``_pulled``) waits while the cluster cannot
+    serve it (:meth:`~dipsjax.sim.cluster.LocalCluster.pull_ready`: a follower is down), as
+    the runtime's learner retries a pull until every follower answers; each wait counts as
+    an event."""
 
     def __init__(
         self, schedule: tuple[Fault, ...] = (), max_events: int = 20_000, max_time: float = 1e4
@@ -187,15 +219,16 @@ class FaultClock(Clock):
 
     def drop(self, pred: Any) -> None:
         """Removes the queued callbacks whose function satisfies ``pred``."""
-        import heapq
-
-        self._queue = [e for e in self._queue if not pred(e[2])]
-        heapq.heapify(self._queue)
+        self.remove(lambda fn, args: pred(fn))
 
     def run(self, stopped: Any) -> None:
         due: dict[int, list[Fault]] = {}
         for f in self.schedule:
             due.setdefault(f.at, []).append(f)
+        pulled = None
+        if any(f.needs_processes for f in self.schedule):
+            self.engine.cluster.model_processes()
+            pulled = self.engine._pulled
         while self._queue and not stopped():
             for fault in due.pop(self.events, ()):
                 self.struck.append((self.events, self.now, fault))
@@ -206,7 +239,11 @@ class FaultClock(Clock):
                 break
             t, _, fn, args = heappop(self._queue)
             self.now = t
-            fn(*args)
+            retry = None if pulled is None or fn != pulled else self._pull_wait(args)
+            if retry is not None:
+                self.at(retry, fn, *args)
+            else:
+                fn(*args)
             self.events += 1
             if self.events > self.max_events or t > self.max_time:
                 raise RunawayError(
@@ -214,3 +251,8 @@ class FaultClock(Clock):
                     f"virtual seconds (now {self.events} events, t={t:.1f}); schedule "
                     f"{self.schedule!r}"
                 )
+
+    def _pull_wait(self, args: tuple) -> float | None:
+        """When to try a learner's pull again (``None``: now)."""
+        _, cmd = args
+        return self.engine.cluster.pull_ready(cmd.version)

@@ -139,6 +139,9 @@ class Follower:
         self._rejoined = False
         self.last_applied: tuple[Decide, Apply] | None = None  # for the driver's bookkeeping
         self._dropped: set[int] = set()  # rounds it dropped when it said it was lost
+        # The newest round the leader asked it about (norms or apply): one round is decided
+        # at a time, in the order of their ids, so every older round is over.
+        self._newest = -1
 
     @property
     def version(self) -> int:
@@ -183,9 +186,10 @@ class Follower:
         Raises :class:`PushRefused`, changing nothing, for a shard that does not match
         this follower's layers or shapes, from an older incarnation than the one staged
         for the same round and learner (a dead process's late push; a newer one replaces
-        it), or for a round whose norms were already taken or that is over (a replay)."""
+        it), or for a round whose norms were already taken or that is over (a replay: one
+        it saw end, or one older than a round the leader asked it about since)."""
         me = f"follower {self.follower_id}"
-        if round_id in self._batch or round_id in self._done:
+        if round_id in self._batch or round_id in self._done or round_id < self._newest:
             state = "already taken its norms" if round_id in self._batch else "ended"
             raise PushRefused(
                 "replayed", f"{me}: round {round_id} has {state}: learner {learner}'s push refused"
@@ -472,9 +476,13 @@ class Follower:
         return [Save("version", r, v), Send(FollowerApplied(now, k, r, v))]
 
     def _end_before(self, round_id: int) -> None:
-        """Rounds older than ``round_id`` still decided here are over (the leader moved
-        on: one round is decided at a time): their inputs are freed."""
-        for r in [r for r in self.decisions if r < round_id]:
+        """Rounds older than ``round_id`` are over (the leader moved on: one round is
+        decided at a time, in the order of their ids): what it holds of them (a decided
+        round's inputs, or shards staged for a round it never heard end: it was restarted,
+        or its ``Discard`` was lost) is freed, and a push for one of them is a replay."""
+        self._newest = max(self._newest, round_id)
+        held = {r for r, _ in self._staged} | set(self._batch) | set(self.decisions)
+        for r in sorted(r for r in held if r < round_id):
             self.discard(r)
 
     def _lost(self, now: float, reason: str, round_id: int | None = None) -> list[Command]:

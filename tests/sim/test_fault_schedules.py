@@ -2,9 +2,10 @@
 method, on a toy world (:mod:`tests.sim.toy_world`: real leader, followers, chunk ledger and
 batch streams; two tiny tensors trained by NumPy arithmetic).
 
-A schedule kills, hangs, restarts, cuts the control stream of, or makes leave, any learner,
-and replaces or restarts the leader, before any event of the run, several at once or the
-same role twice quickly (:mod:`dipsjax.sim.faults`). After each run:
+A schedule kills, hangs, restarts, cuts the control stream of, or makes leave, any learner;
+cuts the control stream of, hangs, or kills and restarts from its disk any follower; and
+replaces or restarts the leader; before any event of the run, several at once or the same
+role twice quickly (:mod:`dipsjax.sim.faults`). After each run:
 
 * it ends (bounded), at its token budget, or without one only if every learner left for
   good (nobody is left to train);
@@ -13,7 +14,16 @@ same role twice quickly (:mod:`dipsjax.sim.faults`). After each run:
 * the chunk ledger's invariants hold, no batch enters a decided round (applied or rejected)
   twice in the epoch, and every batch of a chunk the ledger calls complete did;
 * every follower applied the tape's applied rounds, each once, in order, versions going up
-  by one, and they end at the same version, the tape's number of applied rounds.
+  by one, and they end at the same version, the tape's number of applied rounds (a killed
+  follower's steps counted over its processes: one killed before a round's ``Apply``
+  reached it takes that step in its new process, from the round's saved inputs);
+* no follower holds shards or a batch of a round that ended;
+* where asked, the tape replays to the final parameters (those of a follower that is down
+  at the end are what its disk holds).
+
+A follower kill (:class:`~dipsjax.sim.faults.FollowerKill`) makes the run model the
+followers' processes (:meth:`~dipsjax.sim.cluster.LocalCluster.model_processes`): their
+files, what a restarted one builds from them, and their heartbeats.
 
 Schedules that found bugs are kept as named regression cases at the end of the file.
 """
@@ -36,12 +46,14 @@ from dipsjax.sim.faults import (
     FaultClock,
     FollowerCut,
     FollowerHang,
+    FollowerKill,
     Hang,
     Leave,
     RestartLeader,
     RestoreLeader,
 )
 from dipsjax.sim.replay import tree_equal
+from dipsjax.syncer.follower import Follower
 from dipsjax.syncer.leader import Leader
 from tests.sim.toy_world import ToyWorld, push_batches, toy_config, toy_replay
 
@@ -73,27 +85,33 @@ def settlements():
         yield booked
 
 
+@contextlib.contextmanager
+def outer_steps():
+    """Every outer step a follower takes, ``(round, version)`` by follower id (whatever
+    follower object takes it: a restarted follower is a new one)."""
+    steps: collections.defaultdict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    original = Follower.apply
+
+    def apply(self, decision, a):
+        before = self.version
+        v = original(self, decision, a)
+        if v != before:
+            steps[self.follower_id].append((decision.round_id, v))
+        return v
+
+    with mock.patch.object(Follower, "apply", apply):
+        yield steps
+
+
 def run_schedule(method: str, overlap: bool, schedule: tuple, **kw):
     cfg = toy_config(method=method, overlap=overlap, learners=LEARNERS, **kw)
     world = ToyWorld(cfg)
     clock = FaultClock(schedule)
     engine = Engine(cfg, world=world, clock=clock)
     clock.engine = engine
-    applies = []
-    for f in engine.cluster.followers:
-        log: list[tuple[int, int]] = []
-        applies.append(log)
-
-        def apply(decision, a, f=f, log=log, original=f.apply):
-            before = f.version
-            v = original(decision, a)
-            if v != before:
-                log.append((decision.round_id, v))
-            return v
-
-        f.apply = apply
-    with settlements() as booked:
+    with settlements() as booked, outer_steps() as steps:
         res = engine.run()
+    applies = [steps[k] for k in range(len(engine.cluster.followers))]
     return engine, res, world, booked, applies
 
 
@@ -146,6 +164,11 @@ def check(method, overlap, schedule, replay=True, **kw):
     for k, log in enumerate(applies):
         assert log == applied, f"{what}: follower {k} applied {log}, the tape says {applied}"
     assert {f.version for f in engine.cluster.followers} == {len(applied)}, what
+    # Nothing of a round that ended is held (a push for it is a replay, refused).
+    ended = {r.round_id for r in res.tape.round_records()}
+    for f in engine.cluster.followers:
+        held = ({r for r, _ in f._staged} | set(f._batch)) & ended
+        assert not held, f"{what}: follower {f.follower_id} holds rounds that ended: {held}"
     # The tape replays to the final model.
     if replay:
         again = toy_replay(engine.cfg, res.tape)
@@ -175,12 +198,22 @@ def fault(at):
     )
 
 
+def follower_kill(at):
+    return st.builds(
+        FollowerKill,
+        at=at,
+        follower=st.integers(0, 1),
+        back_after=st.sampled_from([0.0, 0.5, 3.0, 12.0]),
+    )
+
+
 def follower_fault(at):
     return st.one_of(
         st.builds(FollowerCut, at=at, follower=st.integers(0, 1)),
         st.builds(
             FollowerHang, at=at, follower=st.integers(0, 1), seconds=st.sampled_from([0.5, 5.0])
         ),
+        follower_kill(at),
     )
 
 
@@ -202,6 +235,17 @@ def schedules(draw, faults=fault):
             key=lambda f: f.at,
         )
     )
+
+
+@st.composite
+def kill_schedules(draw):
+    """A follower kill among 0-3 other faults of any role (another kill included), close to
+    it or anywhere in the run."""
+    kill = draw(follower_kill(st.integers(0, MAX_AT)))
+    near = st.integers(max(kill.at - 3, 0), kill.at + 3)
+    n = draw(st.integers(0, 3))
+    others = [draw(any_fault(st.one_of(near, st.integers(0, MAX_AT)))) for _ in range(n)]
+    return tuple(sorted([kill, *others], key=lambda f: f.at))
 
 
 SETTINGS = dict(
@@ -232,8 +276,17 @@ def test_random_fault_schedules_replay(method, overlap, schedule):
 @settings(max_examples=12, **SETTINGS)
 @given(schedule=schedules(faults=any_fault))
 def test_random_follower_fault_schedules(method, overlap, schedule):
-    """Follower faults (a broken control stream, a stall) among the others."""
+    """Follower faults (a broken control stream, a stall, a kill) among the others."""
     check(method, overlap, schedule, replay=False)
+
+
+@pytest.mark.parametrize("method,overlap", METHODS)
+@settings(max_examples=7, **SETTINGS)
+@given(schedule=kill_schedules())
+def test_random_follower_kill_schedules(method, overlap, schedule):
+    """A follower killed at any event and restarted from its disk after a drawn delay,
+    alone or among faults of any role; each also replayed from its tape."""
+    check(method, overlap, schedule)
 
 
 @pytest.mark.parametrize("method,overlap", METHODS)
@@ -287,3 +340,57 @@ def test_regression_a_span_across_two_leased_pieces_is_settled():
     )
     engine, _ = check("decoupled", False, schedule)
     assert len(engine.clock.struck) == len(schedule)
+
+
+def test_regression_a_push_for_a_round_that_ended_while_its_follower_was_down():
+    """sync_diloco: follower 0 is killed in round 0 and comes back 12 s later. Meanwhile the
+    leader finds it lost by its silence and discards round 0 (the ``Discard`` sent to the
+    dead process is lost), and learner 2's push for round 0 waits for it. Sent again to the
+    new process, whose checkpoint lists no ended round, the push was staged and held
+    forever ("follower 0 holds rounds that ended: {0}", found by
+    ``test_random_follower_kill_schedules`` before the fix). Now a follower asked about a
+    newer round frees what it holds of older ones and refuses their pushes as replays."""
+    schedule = (FollowerKill(at=12, follower=0, back_after=12.0),)
+    engine, _ = check("sync_diloco", False, schedule)
+    assert engine.cluster.restarts == 1
+    lost = [r for r in engine.leader.tape.records if r.get("event") == "lost"]
+    assert [(r["follower"], r["reason"]) for r in lost[:2]] == [
+        (0, "missed heartbeats"),
+        (0, "restarted"),
+    ]
+
+
+def test_regression_restarted_followers_beat():
+    """dips with overlap: follower 0 is killed and restarted at once, follower 1 killed and
+    back 12 s later. A restarted follower's first heartbeat (``Follower.start``) makes the
+    leader watch its silence; the simulator's followers sent no more heartbeats, so the
+    leader found follower 0 lost 6 s later, then follower 1, and, with no follower left
+    beating to be asked to rejoin, no round ever opened again (the run did not end within
+    10000 virtual seconds; found by ``test_random_follower_kill_schedules`` while the kill
+    was being written). Followers whose processes are modelled now beat every Tick."""
+    schedule = (
+        FollowerCut(at=174, follower=1),
+        FollowerKill(at=180, follower=0, back_after=0.0),
+        Cut(at=182, learner=0),
+        FollowerKill(at=183, follower=1, back_after=12.0),
+    )
+    engine, _ = check("dips", True, schedule)
+    assert len(engine.clock.struck) == len(schedule) and engine.cluster.restarts == 2
+
+
+@pytest.mark.parametrize(
+    "at,version,rounds",
+    [
+        (3, 0, ()),  # before its first checkpoint: the initial shard
+        (13, 0, (0,)),  # after its merge of round 0: it applies round 0 from the saved inputs
+        (14, 1, ()),  # during its step of round 0: checkpoint written, report never sent
+    ],
+)
+def test_a_killed_follower_restarts_from_what_it_wrote(at, version, rounds):
+    """dips: follower 1 killed at chosen moments of round 0 comes back 0.5 s later from
+    its disk: its newest checkpoint and the round's inputs if they are of its version. The
+    run's invariants hold and the tape replays (the redone step equals the others' bit
+    for bit)."""
+    engine, _ = check("dips", False, (FollowerKill(at=at, follower=1, back_after=0.5),))
+    [(k, _, got_version, got_rounds)] = engine.cluster.restored
+    assert (k, got_version, got_rounds) == (1, version, rounds)

@@ -597,3 +597,27 @@ def test_a_follower_restarted_mid_apply_redoes_the_step_from_its_saved_inputs():
     assert not ended.restore_inputs(0, *saved)  # round 0 ended here before
     with pytest.raises(ValueError, match="do not fit its shard"):
         _protocol_follower().restore_inputs(0, decision, {"w": np.zeros((2, 3, 3))})
+
+
+def test_rounds_older_than_one_the_leader_asks_about_are_over():
+    """Bug (issue 17, found by the follower-kill fault schedules): a follower restarted from
+    its checkpoint does not know the rounds that ended while it was down (its checkpoint
+    lists older ones, and the ``Discard`` sent to the dead process was lost). A learner's
+    push for such a round, sent again once it was back, was staged and held forever. One
+    round is decided at a time, in the order of their ids: asked about a newer round, it
+    frees what it holds of older ones, and refuses their pushes as replays."""
+    from dipsjax.syncer.follower import PushRefused
+
+    f = _protocol_follower()  # restarted: it knows of no round
+    assert f.receive(3, 2, ONE) == "staged"  # round 3 ended while it was down
+    f.receive(5, 0, ONE)
+    f.receive(5, 1, TWO)
+    assert f.handle(L.RequestNorms(5, (0, 1), (0, 0)), 1.0) == [
+        L.Send(L.FollowerNorms(1.0, 0, 5, (4.0, 16.0)))
+    ]
+    assert (3, 2) not in f._staged and f.ended_rounds() == [[3, 3]]
+    for r in (3, 4):  # seen, and never seen
+        with pytest.raises(PushRefused, match=f"round {r} has ended") as e:
+            f.receive(r, 1, ONE)
+        assert e.value.kind == "replayed"
+    assert f._staged == {} and f.receive(6, 0, ONE) == "staged"

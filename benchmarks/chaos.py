@@ -153,7 +153,11 @@ class Chaos:
             t = st["t"] + max(time.time() - written, 0.0)
         except OSError:
             t = st["t"]
-        fault = {"role": role, "moment": moment, "t": t, "n": len(_records(self.run))}
+        records = _records(self.run)
+        fault = {"role": role, "moment": moment, "t": t, "n": len(records)}
+        # Whether the leader knew the role yet: one killed before its first join cannot be
+        # detected (there is no member to lose), only seen joining once it is back.
+        fault["known"] = role == "leader" or any(_about(r, role) for r in records)
         fault["restarts"] = len(_json_lines(self.run / "restarts.jsonl"))
         fault["at"], fault["wall"] = time.monotonic(), time.time()
         if pid is not None and self.launcher.poll() is None:  # (a pid of an ended run: reused)
@@ -163,32 +167,44 @@ class Chaos:
         self.faults.append(fault)
         return fault
 
-    def watch(self, fault: dict, seconds: float = 60.0) -> None:
-        """Detection and recovery seconds of ``fault`` (``None`` if not seen in time): from
-        the tape's times for a learner or follower (the leader's clock, as ``fault["t"]``),
-        on this script's clock for the leader (nobody records its death but the launcher)."""
-        role, n = fault["role"], fault["n"]
-        fault["detect"] = fault["recover"] = None
-        deadline = fault["at"] + seconds
-        while time.monotonic() < deadline and self.launcher.poll() is None:
-            gone, back = self._gone_back(role, _records(self.run)[n:], fault)
-            now = time.monotonic() - fault["at"]
-            if role == "leader":  # seconds on this script's clock
-                gone = now - gone if gone is not None else None
-                back = now if back else None
-            if gone is not None and fault["detect"] is None:
-                fault["detect"] = max(gone - (0 if role == "leader" else fault["t"]), 0.0)
-            if back is not None and fault["recover"] is None:
-                fault["recover"] = max(back - (0 if role == "leader" else fault["t"]), 0.0)
-            if fault["detect"] is not None and fault["recover"] is not None:
-                break
+    def watch(self, faults: list[dict], seconds: float = 60.0) -> None:
+        """Detection and recovery seconds of each of ``faults`` (``None`` if not seen in
+        time; detection also for a role the leader did not know yet), all watched at once,
+        each for ``seconds`` from its kill: from the tape's times for a learner or follower
+        (the leader's clock, as ``fault["t"]``), on this script's clock for the leader
+        (nobody records its death but the launcher)."""
+        for fault in faults:
+            fault["detect"] = fault["recover"] = None
+        todo = list(faults)
+        while todo and self.launcher.poll() is None:
+            records = _records(self.run)
+            for fault in list(todo):
+                self._observe(fault, records)
+                done = fault["recover"] is not None and (
+                    fault["detect"] is not None or not fault["known"]
+                )
+                if done or time.monotonic() > fault["at"] + seconds:
+                    todo.remove(fault)
             time.sleep(0.02)
-        back = fault["recover"]
-        span = [fault["t"], fault["t"] + back if back is not None else float("inf")]
-        if role.startswith("learner"):
-            self.down[int(role[7:])].append(span)
-        else:  # no round can be applied meanwhile: not a window to count participation in
-            self.outages.append(span)
+        for fault in faults:
+            back = fault["recover"]
+            span = [fault["t"], fault["t"] + back if back is not None else float("inf")]
+            if fault["role"].startswith("learner"):
+                self.down[int(fault["role"][7:])].append(span)
+            else:  # no round can be applied meanwhile: not a window to count participation in
+                self.outages.append(span)
+
+    def _observe(self, fault: dict, records: list[dict]) -> None:
+        role = fault["role"]
+        gone, back = self._gone_back(role, records[fault["n"] :], fault)
+        now = time.monotonic() - fault["at"]
+        if role == "leader":  # seconds on this script's clock
+            gone = now - gone if gone is not None else None
+            back = now if back else None
+        if gone is not None and fault["detect"] is None:
+            fault["detect"] = max(gone - (0 if role == "leader" else fault["t"]), 0.0)
+        if back is not None and fault["recover"] is None:
+            fault["recover"] = max(back - (0 if role == "leader" else fault["t"]), 0.0)
 
     def _gone_back(self, role: str, recs: list[dict], fault: dict) -> tuple[Any, Any]:
         """Whether the role's death was seen and whether it is back: for a learner or a
@@ -210,13 +226,15 @@ class Chaos:
             k = int(role[8:])
             mine = [r for r in recs if r["kind"] == "follower" and r["follower"] == k]
             lost = [r["t"] for r in mine if r["event"] == "lost"]
-            back = [r["t"] for r in mine if r["event"] == "joined" and lost and r["t"] >= lost[0]]
+            since = lost[:1] if fault["known"] else [fault["t"]]
+            back = [r["t"] for r in mine if r["event"] == "joined" and since and r["t"] >= since[0]]
             return (lost or [None])[0], (back or [None])[0]
         j = int(role[7:])
         mine = [r for r in recs if r["kind"] == "membership" and r["learner"] == j]
         gone = [r["t"] for r in mine if r["event"] in ("evict", "restart", "leave")]
-        back = [r["t"] for r in mine if r["event"] == "active" and gone and r["t"] >= gone[0]]
-        return (gone or [None])[0], (back or [None])[0]
+        since = gone[:1] if fault["known"] else [fault["t"]]
+        back = [r["t"] for r in mine if r["event"] == "active" and since and r["t"] >= since[0]]
+        return (gone or [None])[0] if fault["known"] else None, (back or [None])[0]
 
     def inject(self, moment: str, roles: list[str]) -> None:
         if moment == "two":
@@ -233,8 +251,7 @@ class Chaos:
             for f in faults:
                 f["detect"] = f["recover"] = None
             return
-        for f in faults:
-            self.watch(f)
+        self.watch(faults)
 
     # -- the end --------------------------------------------------------------------
 
@@ -282,6 +299,14 @@ class Chaos:
                 part += any(i == j and t <= s < t + width for i, s in decided)
             t += width
         return part, live
+
+
+def _about(record: dict, role: str) -> bool:
+    """Whether a tape record says the leader knows ``role`` (a learner's membership, a
+    follower's join)."""
+    if role.startswith("follower"):
+        return record.get("kind") == "follower" and record.get("follower") == int(role[8:])
+    return record.get("kind") == "membership" and record.get("learner") == int(role[7:])
 
 
 def _json_lines(path: Path) -> list[dict]:
@@ -333,9 +358,10 @@ def main() -> None:
                 if f.get("reported"):
                     continue
                 f["reported"] = True
+                seen = f"{f['detect']} s" if f["known"] else "n/a (not joined yet)"
                 print(
-                    f"run {i}: killed {f['role']} ({f['moment']}): detected "
-                    f"{f['detect']} s, recovered {f['recover']} s",
+                    f"run {i}: killed {f['role']} ({f['moment']}): detected {seen}, "
+                    f"recovered {f['recover']} s",
                     flush=True,
                 )
         got = chaos.finish()
@@ -353,6 +379,8 @@ def main() -> None:
     live = sum(r["participation"][1] for r in results)
     print(f"chaos_faults: {len(all_faults)} (goal: as asked)")
     print(f"chaos_faults_survived: {survived} (goal: = chaos_faults)")
+    early = sum(not f["known"] for f in all_faults)
+    print(f"chaos_faults_before_join: {early} (goal: as drawn; no detection to time)")
     print(f"chaos_runs_unfinished: {sum(not r['finished'] for r in results)} (goal: 0)")
     lost = sum(r["tokens_unbooked"] + r["tokens_unsettled"] for r in results)
     print(f"chaos_tokens_lost: {lost} (goal: 0)")

@@ -11,7 +11,7 @@ policy, a SLURM requeue) resumes as the local launcher's self-healing does:
 * a follower with ``--resume latest`` once it has a checkpoint;
 * a learner as a new incarnation for each start after its first (its starts are counted
   in ``RUN_DIR/starts/learner{j}``): the leader ends the old one, and the new one pulls a
-  whole version before it pushes. Incarnations are kept in ``RUN_DIR/incarnations.json``
+  whole version before it pushes. Incarnations are kept in ``RUN_DIR/incarnations/``
   (:func:`incarnation`), the one store every launcher reads and bumps: the local
   launcher's self-healing, a cluster's restarts and a run made from a snapshot.
 
@@ -49,17 +49,24 @@ def count_start(run_dir: Path, name: str) -> int:
 
 
 def incarnation(run_dir: Path, learner: int, *, new: bool = False) -> int:
-    """The incarnation learner ``learner`` starts as: the one ``RUN_DIR/incarnations.json``
-    records (0 when none), or with ``new`` one more, recorded (a restart)."""
-    from dipsjax.runtime.spec import write_json
-
-    path = run_dir / "incarnations.json"
-    known: dict[str, int] = json.loads(path.read_text()) if path.exists() else {}
-    name = f"learner{learner}"
+    """The incarnation learner ``learner`` starts as: the one recorded for it (its own file
+    ``RUN_DIR/incarnations/learner{j}``, else what ``RUN_DIR/incarnations.json`` gives it, as
+    a run made from a snapshot has, else 0), or with ``new`` one more, recorded (a restart).
+    One file a learner: learners a cluster starts at the same moment never rewrite each
+    other's counts."""
+    path = run_dir / "incarnations" / f"learner{learner}"
+    if path.exists():
+        n = int(path.read_text())
+    else:
+        given = run_dir / "incarnations.json"
+        n = int(json.loads(given.read_text()).get(f"learner{learner}", 0)) if given.exists() else 0
     if new:
-        known[name] = known.get(name, 0) + 1
-        write_json(path, known)
-    return known.get(name, 0)
+        n += 1
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(n))
+        tmp.replace(path)
+    return n
 
 
 def start_args(

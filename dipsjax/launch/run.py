@@ -119,7 +119,7 @@ class Healer:
 
     Each death and restart is a line of ``RUN_DIR/restarts.jsonl`` (role, exit code, when it
     was seen dead and when it was started again, seconds since the launch), and the
-    learners' incarnations are kept in ``RUN_DIR/incarnations.json`` for ``--resume``.
+    learners' incarnations are kept in ``RUN_DIR/incarnations/`` for ``--resume``.
     """
 
     def __init__(self, experiment: Experiment, procs: Local, t0: float) -> None:
@@ -133,7 +133,7 @@ class Healer:
     def args(self, name: str, restart: bool = False) -> list[str]:
         """Arguments of a role's next start, by the rule a cluster's restarts use
         (:func:`dipsjax.launch.entry.start_args`: resume from what the run folder holds; a
-        learner's ``restart`` is a new incarnation, counted in ``incarnations.json``)."""
+        learner's ``restart`` is a new incarnation, counted in ``RUN_DIR/incarnations/``)."""
         from dipsjax.launch.entry import start_args
 
         role = name.rstrip("0123456789")
@@ -410,7 +410,7 @@ def launch(
             for j in range(spec.sim.learners):
                 if f"learner{j}" not in procs.procs:
                     # A learner without checkpoints (a run started from a snapshot) comes
-                    # back as a new incarnation (``incarnations.json``) and pulls.
+                    # back as a new incarnation (``entry.incarnation``) and pulls.
                     has_ckpt = (run_dir / f"learner{j}" / "ckpt").exists()
                     resumed = again if has_ckpt else []
                     healer.start(f"learner{j}", *healer.args(f"learner{j}"), *resumed)

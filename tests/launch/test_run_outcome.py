@@ -143,7 +143,7 @@ def test_a_restarted_role_resumes_from_what_the_run_folder_holds(tmp_path):
 
 
 def test_the_local_launcher_and_a_cluster_count_one_learners_incarnations(tmp_path):
-    """One store (``incarnations.json``) and one rule (``entry.start_args``): a learner the
+    """One store (``RUN_DIR/incarnations/``) and one rule (``entry.start_args``): a learner the
     local launcher restarted, then started by a cluster's machinery, continues the count;
     a run made from a snapshot starts its learners at the incarnation the snapshot gives.
     Before, the cluster counted its own starts from 0, so a learner of a run made from a
@@ -156,7 +156,7 @@ def test_the_local_launcher_and_a_cluster_count_one_learners_incarnations(tmp_pa
     healer.check()
     healer.check()
     assert started == [("learner1", "--incarnation", "1")]
-    assert json.loads((run_dir / "incarnations.json").read_text()) == {"learner1": 1}
+    assert (run_dir / "incarnations" / "learner1").read_text() == "1"
     # A cluster's first start of it in this folder takes the recorded one, later ones count.
     assert start_args("learner", 1, run_dir) == ["--incarnation", "1"]
     assert start_args("learner", 1, run_dir) == ["--incarnation", "2"]

@@ -271,6 +271,9 @@ class Round:
     # while their push was with the followers: they pull through their ``SendModel``, not
     # through this round's pull notice.
     rejoined: list[int] = dataclasses.field(default_factory=list)
+    # Learners that rejoined while the followers applied this round: their ``SendModel``
+    # goes once it is applied (the version after it), not the version before it.
+    awaiting: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -504,6 +507,20 @@ class Leader:
         if rnd is not None and learner in rnd.pulling:
             rnd.pulling.remove(learner)
         self.dealt.pop(learner, None)  # dealt chunks are among its leases now
+        self._membership(t, "resume", learner, incarnation=member.incarnation)
+        if rnd is not None and rnd.phase is Phase.APPLY:
+            # The outer step is under way: the learner takes the version it makes, as the
+            # round's other learners do (a synchronous run stays the same run), and learns
+            # how its push there ended.
+            if learner not in rnd.awaiting:
+                rnd.awaiting.append(learner)
+            return []
+        return [self._send_model(learner)]
+
+    def _send_model(self, learner: int) -> SendModel:
+        """A rejoined learner's model: the current version, how its last push ended, and
+        the pieces still leased to it, in lease order."""
+        member = self.members[learner]
         # The batches of its push with the followers are not its to train again: they
         # settle (or come back) when that push is decided.
         leases = spans_of(
@@ -514,8 +531,7 @@ class Leader:
             if self.data is not None
             else ()
         )
-        self._membership(t, "resume", learner, incarnation=member.incarnation)
-        return [SendModel(learner, self.version, leases, member.last_round, member.last_outcome)]
+        return SendModel(learner, self.version, leases, member.last_round, member.last_outcome)
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
@@ -953,7 +969,12 @@ class Leader:
         rnd.timings["applied"] = ev.t
         rnd.pulling = self._pullers(rnd)
         rnd.phase = Phase.PULL
-        return [NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version)]
+        models = [
+            self._send_model(j)
+            for j in rnd.awaiting
+            if j in self.members and not self.members[j].active
+        ]
+        return [NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version), *models]
 
     # -- the round's progress ------------------------------------------------------
 

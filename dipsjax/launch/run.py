@@ -501,6 +501,21 @@ def outcome(run_dir: Path) -> int:
     return 1
 
 
+def _run_to_the_end(spec: RunSpec, **kwargs: Any) -> int:
+    """``dipsjax run``'s launch, new or resumed: its report and exit code (130 on Ctrl-C;
+    non-zero with the reason when it stopped short of its budget)."""
+    run_dir = Path(spec.run_dir)
+    try:
+        summary = launch(spec, **kwargs)
+    except KeyboardInterrupt:
+        print("stopped: every process was ended", flush=True)
+        return 130
+    except (RuntimeError, TimeoutError) as e:
+        return _gave_up(run_dir, e)
+    report(spec, summary)
+    return outcome(run_dir)
+
+
 def _gave_up(run_dir: Path, error: Exception) -> int:
     """The launcher gave up (a role out of restarts, a timeout): why, and how to resume."""
     print(f"the run stopped short of its budget: {error}", flush=True)
@@ -567,15 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError, KeyError) as e:
             parser.error(str(e))
         print(f"resuming {args.resume}: {spec.sim.method}", flush=True)
-        try:
-            summary = launch(spec, resume=True)
-        except KeyboardInterrupt:
-            print("stopped: every process was ended", flush=True)
-            return 130
-        except (RuntimeError, TimeoutError) as e:
-            return _gave_up(Path(spec.run_dir), e)
-        report(spec, summary)
-        return outcome(Path(spec.run_dir))
+        return _run_to_the_end(spec, resume=True)
     try:
         cfg = run_config.load(args.config, args.arg, args.set)
         sim = run_config.sim_config(cfg, args.method)
@@ -612,15 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment = Experiment(cfg.name, spec).add(role_jobs(spec, **requirements))
     except ValueError as e:
         parser.error(f"{args.config}: {e}")
-    try:
-        summary = launch(spec, experiment=experiment)
-    except KeyboardInterrupt:
-        print("stopped: every process was ended", flush=True)
-        return 130
-    except (RuntimeError, TimeoutError) as e:
-        return _gave_up(run_dir, e)
-    report(spec, summary)
-    return outcome(run_dir)
+    return _run_to_the_end(spec, experiment=experiment)
 
 
 if __name__ == "__main__":

@@ -74,11 +74,14 @@ def start_args(
 ) -> list[str]:
     """A role's arguments after ``SPEC [INDEX]``, from what ``run_dir`` holds: the leader
     resumes from its snapshot and a follower from its newest checkpoint once they have one
-    (``move``: a follower on a new port); a learner starts as its recorded incarnation, or
-    as a new one when this is a ``restart``. ``restart=None``: a cluster's start, counted in
+    (``move``: a follower on a new port; a ``restart`` of the leader alone: ``--alone``,
+    its peers are up); a learner starts as its recorded incarnation, or as a new one when
+    this is a ``restart``. ``restart=None``: a cluster's start, counted in
     ``RUN_DIR/starts/``, every one after the first a restart."""
     if role == "leader":
-        return ["--resume"] if (run_dir / "leader" / "snapshot.json").exists() else []
+        if not (run_dir / "leader" / "snapshot.json").exists():
+            return []
+        return ["--resume", "--alone"] if restart else ["--resume"]
     if role == "follower":
         ckpt = run_dir / f"follower{index}" / "ckpt"
         resume = ["--resume", "latest"] if ckpt.is_dir() and any(ckpt.iterdir()) else []

@@ -27,11 +27,26 @@ def keepalive_options(heartbeat_interval: float) -> list[tuple[str, int]]:
     ]
 
 
+def reconnect_options(heartbeat_interval: float) -> list[tuple[str, int]]:
+    """A channel to a leader that went away tries again at least once a heartbeat interval
+    (gRPC's default backoff grows to 120 s), so a restarted leader hears from its peers
+    within about one interval of listening: its short grace (``Leader.resume(alone=True)``)
+    relies on that."""
+    ms = max(int(heartbeat_interval * 1000), 100)
+    return [
+        ("grpc.initial_reconnect_backoff_ms", min(ms, 1000)),
+        ("grpc.min_reconnect_backoff_ms", min(ms, 1000)),
+        ("grpc.max_reconnect_backoff_ms", ms),
+    ]
+
+
 def control_channel(spec: RunSpec) -> Any:
     """A channel to the leader: TLS with the job's certificates (or plain), keepalives on."""
     import grpc
 
-    options = keepalive_options(spec.heartbeat_interval)
+    options = keepalive_options(spec.heartbeat_interval) + reconnect_options(
+        spec.heartbeat_interval
+    )
     if spec.tls:
         return grpc.secure_channel(spec.leader, spec.secrets.grpc_channel(), options=options)
     return grpc.insecure_channel(spec.leader, options=options)

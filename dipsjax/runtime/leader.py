@@ -19,9 +19,10 @@ else was in flight is dropped and counted, and every follower and learner must c
 (they restart from their own checkpoints, or rejoin). A leader restarted after it had
 stopped the job tells whoever watches (``Stop``) for a few heartbeats and exits 0; with
 ``--reopen`` (``dipsjax run --resume`` of a run a fault stopped short of its budget) it goes
-on instead.
+on instead. ``--alone`` (the launcher's restart of the leader by itself: its peers are up)
+shortens the time before heartbeats count again to two heartbeat intervals.
 
-Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen]]``.
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen|--alone]]``.
 """
 
 from __future__ import annotations
@@ -505,11 +506,13 @@ def restored(spec: RunSpec) -> Leader:
     return Leader.restore(state, tape=tape)
 
 
-async def serve(spec: RunSpec, resume: bool = False, reopen: bool = False) -> None:
+async def serve(
+    spec: RunSpec, resume: bool = False, reopen: bool = False, alone: bool = False
+) -> None:
     node = LeaderNode(spec, restored(spec) if resume else None)
     node.loop = asyncio.get_running_loop()
     if resume:
-        node.carry_out(node.leader.resume(node.now(), reopen=reopen))
+        node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
     server = grpc.aio.server(options=server_options(spec.heartbeat_interval))
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
@@ -554,10 +557,16 @@ def main(argv: list[str] | None = None) -> int:
         help="with --resume: go on with a run a fault stopped short of its budget (a "
         "whole-run resume); without it a stopped leader only tells whoever watches, and exits",
     )
+    parser.add_argument(
+        "--alone",
+        action="store_true",
+        help="with --resume: only the leader restarted (its learners and followers are up), "
+        "so heartbeats count again after two intervals, not the whole-run rejoin grace",
+    )
     args = parser.parse_args(argv)
-    if args.reopen and not args.resume:
-        parser.error("--reopen needs --resume")
-    asyncio.run(serve(RunSpec.read(args.spec), args.resume, args.reopen))
+    if (args.reopen or args.alone) and not args.resume:
+        parser.error("--reopen and --alone need --resume")
+    asyncio.run(serve(RunSpec.read(args.spec), args.resume, args.reopen, args.alone))
     return 0
 
 

@@ -184,7 +184,7 @@ class RestartLeader(Fault):
         engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the dead leader
         leader = Leader.restore(snap, tape=engine.leader.tape)
         cluster.leader = leader
-        cluster.execute(leader.resume(t), t)
+        cluster.execute(leader.resume(t, alone=True), t)  # its peers are up
         for k, f in enumerate(cluster.followers):  # their streams broke: the protocol rejoins
             if cluster.is_down(k):
                 continue  # a dead one joins when its new process starts

@@ -284,6 +284,7 @@ class Member:
     active: bool = False  # pulled its first model
     last_round: int = -1  # round of its last settled push (-1: none or never admitted)
     last_outcome: str = ""  # applied | rejected | dropped
+    in_grace: bool = False  # resumed leader: last_seen is a deadline, until its first contact
 
 
 class Leader:
@@ -410,8 +411,13 @@ class Leader:
         )
 
     def _seen(self, learner: int, t: float) -> None:
-        if learner in self.members:
-            self.members[learner].last_seen = max(self.members[learner].last_seen, t)
+        member = self.members.get(learner)
+        if member is None:
+            return
+        if member.in_grace:  # back in touch after a resume: heartbeats count from now
+            member.in_grace, member.last_seen = False, t
+        else:
+            member.last_seen = max(member.last_seen, t)
 
     # -- entry point ---------------------------------------------------------------
 
@@ -1118,7 +1124,7 @@ class Leader:
 
     # -- resume --------------------------------------------------------------------
 
-    def resume(self, t: float, reopen: bool = False) -> list[Action]:
+    def resume(self, t: float, reopen: bool = False, alone: bool = False) -> list[Action]:
         """Continues a :meth:`restore`-d leader in a run whose processes all restarted from
         their checkpoints (``--resume``, or the leader alone restarted). A round already
         applied by every follower ends; a round the followers were applying (APPLY) is
@@ -1133,7 +1139,12 @@ class Leader:
 
         A stopped leader stays stopped (restarted after its final ``Stop``), unless
         ``reopen`` (a whole-run ``--resume`` of a run a fault stopped short of its
-        budget): then it goes on. A run that reached its budget is never reopened."""
+        budget): then it goes on. A run that reached its budget is never reopened.
+
+        Heartbeats count again after a grace, ended early by a member's first contact:
+        ``rejoin_grace`` when every process restarted (they compile first), or, ``alone``
+        (only the leader restarted: its peers are up and beat again as soon as it
+        listens), two heartbeat intervals."""
         reopened = self.stopped
         if self.stopped:
             if not reopen or self.budget_reached():
@@ -1180,9 +1191,10 @@ class Leader:
             rnd.decided_version = self.version
             self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = kept
+        grace = 2 * self.config.heartbeat_interval if alone else self.config.rejoin_grace
         for member in self.members.values():
             member.active = False
-            member.last_seen = t + self.config.rejoin_grace  # time to restart and rejoin
+            member.last_seen, member.in_grace = t + grace, True  # time to come back
         return actions
 
     # -- snapshot ------------------------------------------------------------------

@@ -118,7 +118,7 @@ def test_a_role_that_exits_while_the_job_runs_is_restarted_whatever_its_exit_cod
     healer.check()
     assert sorted(started) == [
         ("follower0",),  # no checkpoint yet: it starts afresh (not --resume latest)
-        ("leader", "--resume"),
+        ("leader", "--resume", "--alone"),
         ("learner1", "--incarnation", "1"),
     ]
     assert healer.count == {"leader": 1, "follower0": 1, "learner1": 1}
@@ -135,6 +135,8 @@ def test_a_restarted_role_resumes_from_what_the_run_folder_holds(tmp_path):
     healer, _ = _healer(tmp_path, False)
     run_dir = tmp_path / "run"
     assert healer.args("leader") == ["--resume"]  # its snapshot is there
+    # Restarted by itself (the launcher's healing): its peers are up, a short grace.
+    assert healer.args("leader", restart=True) == ["--resume", "--alone"]
     assert healer.args("follower0") == []
     (run_dir / "follower0" / "ckpt" / "3").mkdir(parents=True)
     assert healer.args("follower0") == ["--resume", "latest"]

@@ -40,6 +40,18 @@ def test_channel_and_server_keepalives_follow_the_heartbeat_interval(interval):
     assert server["grpc.http2.min_ping_interval_without_data_ms"] < chan["grpc.keepalive_time_ms"]
 
 
+OPTIONS = client_mod.keepalive_options(2.0) + client_mod.reconnect_options(2.0)
+
+
+def test_a_channel_tries_a_lost_leader_again_at_least_once_a_heartbeat_interval():
+    """gRPC's reconnect backoff grows to 120 s; a restarted leader's short grace (two
+    intervals) needs its peers back within about one."""
+    for interval in (0.5, 1.0, 10.0):
+        opts = dict(client_mod.reconnect_options(interval))
+        assert opts["grpc.max_reconnect_backoff_ms"] <= interval * 1000
+        assert opts["grpc.initial_reconnect_backoff_ms"] <= opts["grpc.max_reconnect_backoff_ms"]
+
+
 def test_the_control_client_opens_its_channel_with_the_keepalives(tmp_path, monkeypatch):
     creds = credentials.create(tmp_path / "credentials").directory
     spec = RunSpec(SimConfig(), "127.0.0.1:1", ("127.0.0.1:2",), creds, str(tmp_path), (0,), 1, 2.0)
@@ -50,11 +62,11 @@ def test_the_control_client_opens_its_channel_with_the_keepalives(tmp_path, monk
     monkeypatch.setattr(grpc, "secure_channel", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
     c = client_mod.ControlClient(spec, learner=0)
     c.close()
-    assert seen == [{"options": client_mod.keepalive_options(2.0)}]
+    assert seen == [{"options": OPTIONS}]
     seen.clear()
     real_plain = grpc.insecure_channel
     monkeypatch.setattr(
         grpc, "insecure_channel", lambda *a, **kw: seen.append(kw) or real_plain(*a, **kw)
     )
     client_mod.ControlClient(dataclasses.replace(spec, tls=False), follower=0).close()
-    assert seen == [{"options": client_mod.keepalive_options(2.0)}]
+    assert seen == [{"options": OPTIONS}]

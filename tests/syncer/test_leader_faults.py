@@ -456,3 +456,42 @@ def test_a_learner_rejoining_while_its_round_is_applied_gets_the_version_it_make
     assert [a for a in acts if isinstance(a, L.SendModel)] == [
         L.SendModel(1, 1, (), rnd.round_id, "applied")
     ]
+
+
+# -- detection after a restart of the leader alone ------------------------------------------
+
+
+def test_a_leader_restarted_alone_gives_a_short_grace_so_a_learner_dead_meanwhile_is_found():
+    """Only the leader restarted (``resume(alone=True)``): its peers are up and beat again
+    within a heartbeat or two, so it waits ``2 * heartbeat_interval`` before heartbeats
+    count, not ``rejoin_grace`` (chaos found learners killed around a leader restart
+    evicted only after 60 s)."""
+    cfg = LeaderConfig(penalty=False, heartbeat_interval=1.0, rejoin_grace=60.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 2)
+    back = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    back.resume(100.0, alone=True)
+    for t in (100.5, 101.5, 102.5, 103.5, 104.5):  # learner 0 is alive; 1 died meanwhile
+        back.handle(L.Heartbeat(t, 0))
+    assert back.handle(L.Tick(104.9)) == [] and sorted(back.members) == [0, 1]
+    acts = back.handle(L.Tick(105.1))  # 2 s of grace + 3 missed 1 s heartbeats
+    assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)]
+    assert sorted(back.members) == [0]
+
+
+def test_a_members_first_contact_after_a_resume_ends_its_grace():
+    """A learner that beats once after the resume and then dies is found 3 heartbeats
+    after its last beat, not ``rejoin_grace`` after the resume."""
+    cfg = LeaderConfig(penalty=False, heartbeat_interval=1.0, rejoin_grace=60.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 2)
+    back = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    back.resume(100.0)
+    for t in (101.0, 102.0):
+        back.handle(L.Heartbeat(t, 0))
+        back.handle(L.Heartbeat(t, 1))
+    back.handle(L.Heartbeat(103.0, 0))  # learner 1 died after its beat at 102
+    assert back.handle(L.Tick(104.9)) == []
+    acts = back.handle(L.Tick(105.1))
+    assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)]
+    assert back.handle(L.Tick(105.9)) == [] and sorted(back.members) == [0]

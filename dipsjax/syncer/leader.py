@@ -325,6 +325,11 @@ class Leader:
         self.follower_addresses: dict[int, str] = {}
         # Followers found lost by their silence (not snapshotted): one that beats again is
         # told to join again (``Rejoin``).
+        # Followers a resumed leader waits for (``resume``): silent past its grace, they are
+        # lost as if they had been up; ``follower_grace``: their ``follower_seen`` is still
+        # the grace's deadline (their first contact ends it).
+        self.followers_awaited: set[int] = set()
+        self.follower_grace: set[int] = set()
         self.lost_by_silence: set[int] = set()
         # Of those, the ones already asked to rejoin in this episode of being lost: one
         # ``Rejoin`` each (a late second one would wipe the next round's staged shards).
@@ -561,7 +566,8 @@ class Leader:
             if t - self.members[j].last_seen > limit:
                 actions += self._remove(j, t, "missed heartbeats")
         for k in sorted(self.follower_seen):
-            if self.followers_up[k] and t - self.follower_seen[k] > limit:
+            watched = self.followers_up[k] or k in self.followers_awaited
+            if watched and t - self.follower_seen[k] > limit:
                 actions += self._on_FollowerLost(FollowerLost(t, k, "missed heartbeats"))
                 self.lost_by_silence.add(k)
         return actions
@@ -569,7 +575,10 @@ class Leader:
     def _follower_seen(self, k: int, t: float, heartbeat: bool = False) -> None:
         if not 0 <= k < self.config.num_followers:
             raise ValueError(f"no follower {k}: the job has {self.config.num_followers}")
-        if heartbeat or k in self.follower_seen:
+        if k in self.follower_grace:  # back in touch after a resume: silence counts now
+            self.follower_grace.discard(k)
+            self.follower_seen[k] = t
+        elif heartbeat or k in self.follower_seen:
             self.follower_seen[k] = max(self.follower_seen.get(k, t), t)
 
     def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
@@ -773,6 +782,8 @@ class Leader:
     def _on_FollowerLost(self, ev: FollowerLost) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
         self.follower_seen.pop(ev.follower, None)
+        self.followers_awaited.discard(ev.follower)
+        self.follower_grace.discard(ev.follower)
         self.lost_by_silence.discard(ev.follower)  # (a restarted one says so: it knows)
         self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = False
@@ -791,6 +802,7 @@ class Leader:
 
     def _on_FollowerJoined(self, ev: FollowerJoined) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
+        self.followers_awaited.discard(ev.follower)
         self.lost_by_silence.discard(ev.follower)
         self.rejoin_asked.discard(ev.follower)
         self.followers_up[ev.follower] = True
@@ -1141,7 +1153,8 @@ class Leader:
         ``reopen`` (a whole-run ``--resume`` of a run a fault stopped short of its
         budget): then it goes on. A run that reached its budget is never reopened.
 
-        Heartbeats count again after a grace, ended early by a member's first contact:
+        Heartbeats (learners' and followers') count again after a grace, ended early by a
+        peer's first contact; a follower silent past it is lost as if it had been up:
         ``rejoin_grace`` when every process restarted (they compile first), or, ``alone``
         (only the leader restarted: its peers are up and beat again as soon as it
         listens), two heartbeat intervals."""
@@ -1152,8 +1165,12 @@ class Leader:
             self.stopped, self.stop_reason = False, ""
         self.tape.append("resume", t=t, version=self.version, reopened=reopened)
         actions: list[Action] = []
+        grace = 2 * self.config.heartbeat_interval if alone else self.config.rejoin_grace
         for k in self.followers_up:
             self.followers_up[k] = False
+            self.follower_seen[k] = t + grace  # a deadline: silent past it, it is lost
+        self.followers_awaited = set(self.followers_up)
+        self.follower_grace = set(self.followers_up)
         self.follower_addresses.clear()  # every follower announces where it is on rejoining
         rnd, waiting, self.waiting = self.round, self.waiting, []
         if rnd is not None and rnd.applied:
@@ -1191,7 +1208,6 @@ class Leader:
             rnd.decided_version = self.version
             self.tape.append("round", **self.round_record(rnd, t).to_json())
         self.round = kept
-        grace = 2 * self.config.heartbeat_interval if alone else self.config.rejoin_grace
         for member in self.members.values():
             member.active = False
             member.last_seen, member.in_grace = t + grace, True  # time to come back

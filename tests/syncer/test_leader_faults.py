@@ -495,3 +495,28 @@ def test_a_members_first_contact_after_a_resume_ends_its_grace():
     acts = back.handle(L.Tick(105.1))
     assert acts == [L.Evict(1, "missed heartbeats", 0, L.EvictKind.SILENT)]
     assert back.handle(L.Tick(105.9)) == [] and sorted(back.members) == [0]
+
+
+def test_a_follower_dead_before_it_rejoined_a_resumed_leader_is_found_lost():
+    """A follower killed while the leader restarted never rejoins: once the grace is over
+    its silence counts as for a follower that is up (chaos: found only when its restarted
+    process said so, 6-8 s after the kill)."""
+    leader = two_followers(heartbeat_interval=1.0, rejoin_grace=60.0)
+    back = Leader.restore(json.loads(json.dumps(leader.snapshot())), tape=leader.tape)
+    back.resume(100.0, alone=True)
+    for t in (100.5, 101.5, 102.5, 103.5, 104.5):
+        back.handle(L.FollowerHeartbeat(t, 0))
+        back.handle(L.Heartbeat(t, 0))
+        back.handle(L.Heartbeat(t, 1))
+    back.handle(L.FollowerJoined(100.6, 0, back.version))
+
+    def lost():
+        recs = back.tape.records
+        return [r["follower"] for r in recs if r["kind"] == "follower" and r["event"] == "lost"]
+
+    back.handle(L.Tick(104.9))
+    assert lost() == []
+    back.handle(L.Tick(105.1))  # 2 s of grace + 3 missed 1 s heartbeats
+    assert lost() == [1] and back.followers_up == {0: True, 1: False}
+    back.handle(L.FollowerJoined(106.0, 1, back.version))  # its restart is back
+    assert back.followers_up == {0: True, 1: True}

@@ -30,7 +30,9 @@ live.
 
 Goals (issue 17): every fault survived and every run finished (exit 0 at its budget), 0
 tokens lost, 0 batches twice or lost, detection < 5 s and recovery < 30 s per role, participation
->= 90% of live learners.
+>= 90% of live learners. A role killed before it first joined has nothing to detect and its
+restart is a fresh start-up (compilation included): its time is printed apart
+(``chaos_ROLE_startup_s``), not counted as a recovery.
 
 Run: ``.venv/bin/python benchmarks/chaos.py`` (``--runs 3 --faults 6 --seed 0``; ``--tiny``:
 one run, a follower killed mid-apply and a learner mid-push, a harness check).
@@ -390,11 +392,17 @@ def main() -> None:
     print(f"chaos_version_faults: {bad} (goal: 0)")
     for role in ("leader", "follower", "learner"):
         mine = [f for f in all_faults if f["role"].startswith(role)]
+        joined = [f for f in mine if f["known"]]
         for what in ("detect", "recover"):
-            seen = [f[what] for f in mine if f[what] is not None]
+            seen = [f[what] for f in joined if f[what] is not None]
             if seen:  # the slowest of that role's faults
                 goal = "< 5" if what == "detect" else "< 30"
                 print(f"chaos_{role}_{what}_s: {max(seen):.2f} (goal: {goal})")
+        # Killed before it ever joined: its "recovery" is a second start-up (compilation
+        # included), not a recovery; reported apart, without a goal.
+        early = [f["recover"] for f in mine if not f["known"] and f["recover"] is not None]
+        if early:
+            print(f"chaos_{role}_startup_s: {max(early):.2f} (goal: none; a fresh start-up)")
     print(f"chaos_participation: {part / live if live else 0.0:.3f} (goal: >= 0.9)")
 
 

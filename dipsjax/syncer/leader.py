@@ -54,6 +54,7 @@ from dipsjax import rules
 from dipsjax.data import ledger as chunks
 from dipsjax.syncer.grace import GracePolicy, NoGrace
 from dipsjax.syncer.messages import (
+    UNBOOKED,
     Action,
     Apply,
     BadEvent,
@@ -90,7 +91,6 @@ from dipsjax.syncer.messages import (
     Transfer,
     TransferDone,
     Unused,
-    UNBOOKED,
     WakeAt,
     cut_strings,
     spans_of,

@@ -81,7 +81,7 @@ class _Recorder(grpc.UnaryUnaryClientInterceptor):
 
 
 def test_a_replayed_push_is_not_taken_and_the_learners_own_push_goes_through(job):
-    spec, learner, follower = job
+    _, learner, follower = job
     recorder = _Recorder()
     learner.stub = syncer_pb2_grpc.SyncerStub(grpc.intercept_channel(learner.channel, recorder))
     _round(learner, follower, 0, 0, 6 * STEP, 6)  # round 0, version 1

@@ -44,7 +44,7 @@ def test_a_push_claiming_more_than_its_steps_could_train_is_refused_and_not_book
     assert leader.round is None and leader.waiting == [] and not leader.stopped
     assert leader.budget_tokens() == 0 and leader.refused["bounds"] == 3
     # The learner's own push, within bounds, is taken as usual.
-    assert [type(a).__name__ for a in leader.handle(_push(0, 8192, 16))][0] == "PushShards"
+    assert isinstance(leader.handle(_push(0, 8192, 16))[0], L.PushShards)
     assert _books(leader)["reported"] == 8192
 
 
@@ -64,7 +64,9 @@ def test_events_about_unknown_peers_or_rounds_are_refused_and_counted():
     leader = _leader()
     assert leader.screen(L.Heartbeat(0.0, 1)) is None
     bad = leader.screen(L.Join(1.0, 2))
-    assert bad.kind == "unknown_learner" and "learner 2" in bad.reason and "2 learners" in bad.reason
+    assert (
+        bad.kind == "unknown_learner" and "learner 2" in bad.reason and "2 learners" in bad.reason
+    )
     assert leader.handle(L.Join(1.0, 2)) == [] and 2 not in leader.members
     assert leader.handle(L.FollowerHeartbeat(1.0, 5)) == []
     assert leader.handle(L.FollowerNorms(1.0, 0, 7, (1.0,))) == []  # round 7 never opened

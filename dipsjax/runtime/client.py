@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -52,6 +54,11 @@ def control_channel(spec: RunSpec) -> Any:
     return grpc.insecure_channel(spec.leader, options=options)
 
 
+#: The gRPC metadata key that carries the job's token on every control call: the leader
+#: checks it before it reads the request (:class:`dipsjax.runtime.leader.TokenCheck`).
+TOKEN_KEY = "x-dipsjax-token"
+
+
 class ControlError(RuntimeError):
     """The leader refused a call (its message says why)."""
 
@@ -88,25 +95,54 @@ class Delivery:
 
 
 class ControlClient:
-    """A process's connection to the leader: ``call`` an event, ``watch`` its actions."""
+    """A process's connection to the leader: ``call`` an event, ``watch`` its actions.
 
-    def __init__(self, spec: RunSpec, *, learner: int | None = None, follower: int | None = None):
+    Every call carries the job's token in its metadata (:data:`TOKEN_KEY`), and every event
+    its sender's ``incarnation``, this client's random ``session`` and the next request
+    number of it (the leader's replay protection: a repeat is answered as the first time,
+    never applied twice)."""
+
+    def __init__(
+        self,
+        spec: RunSpec,
+        *,
+        learner: int | None = None,
+        follower: int | None = None,
+        incarnation: int = 0,
+    ):
         self.spec = spec
         self.peer = {"learner": learner} if learner is not None else {"follower": follower}
         self.channel = control_channel(spec)
         self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
+        self.metadata = ((TOKEN_KEY, spec.token),)
+        self.incarnation = incarnation
+        self.session = secrets.randbits(63) + 1
+        self.requests = itertools.count(1)  # next() is atomic under the GIL
         self.lock = threading.Lock()
         self.delivery = Delivery()
         self.stream: Any = None  # the open Watch call
+        self.refused = ""  # the last call's ``Replies.refused`` ("": taken)
+
+    def envelope(self, event: m.Event) -> syncer_pb2.Envelope:
+        """``event`` as the next numbered request of this session, with what the watch
+        streams have taken (the leader then forgets it)."""
+        env = codec.to_proto(event)
+        env.epoch, env.acked = self.delivery.state
+        env.incarnation, env.session = self.incarnation, self.session
+        env.request = next(self.requests)
+        return env
 
     def call(self, event: m.Event, timeout: float = 30.0) -> list[m.Action]:
-        """Sends one event (with what its watch streams have taken: the leader then forgets
-        it); returns the actions addressed to the caller in the reply."""
-        env = codec.to_proto(event, job_token=self.spec.token)
-        env.epoch, env.acked = self.delivery.state
-        reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True)
+        """Sends one event; returns the actions addressed to the caller in the reply (none
+        when the leader refused to apply it: :attr:`refused` says why)."""
+        return self.send(self.envelope(event), timeout)
+
+    def send(self, env: syncer_pb2.Envelope, timeout: float = 30.0) -> list[m.Action]:
+        """Sends one request made by :meth:`envelope`."""
+        reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True, metadata=self.metadata)
         if reply.error:
             raise ControlError(reply.error)
+        self.refused = reply.refused
         return [codec.from_proto(a) for a in reply.actions]
 
     def watch(self, incarnation: int = 0) -> Iterator[m.Action]:
@@ -114,10 +150,8 @@ class ControlClient:
         stream starts after what the last one took, and what was sent into a stream that
         broke comes again (:class:`Delivery`)."""
         epoch, seen = self.delivery.state
-        req = syncer_pb2.WatchRequest(
-            job_token=self.spec.token, incarnation=incarnation, acked=seen, epoch=epoch, **self.peer
-        )
-        self.stream = self.stub.Watch(req, wait_for_ready=True)
+        req = syncer_pb2.WatchRequest(incarnation=incarnation, acked=seen, epoch=epoch, **self.peer)
+        self.stream = self.stub.Watch(req, wait_for_ready=True, metadata=self.metadata)
         for env in self.stream:
             if self.delivery.take(env):
                 yield codec.from_proto(env)
@@ -129,11 +163,20 @@ class ControlClient:
 
     def status(self, timeout: float = 30.0) -> dict[str, Any]:
         """The leader's status: rounds, phase, tokens, learners' states."""
-        req = syncer_pb2.StatusRequest(job_token=self.spec.token)
-        return json.loads(self.stub.Status(req, timeout=timeout, wait_for_ready=True).json)
+        reply = self.stub.Status(
+            syncer_pb2.StatusRequest(), timeout=timeout, wait_for_ready=True, metadata=self.metadata
+        )
+        return json.loads(reply.json)
 
     def close(self) -> None:
         self.channel.close()
+
+
+def booked(replies: list[m.Action]) -> bool:
+    """Whether the leader booked a push its reply answered: all but those refused
+    unbooked (``messages.UNBOOKED``: no member sent it, or its counts are out of bounds),
+    which the learner does not count either, so that the two sides balance."""
+    return not any(isinstance(a, m.Refuse) and a.kind in m.UNBOOKED for a in replies)
 
 
 def in_parallel(fn: Callable[[int], Any], keys: Iterable[int]) -> list[Any]:

@@ -9,9 +9,14 @@ routed to the processes they address, on the ``Watch`` stream each process keeps
 * everyone: ``Stop``; the caller, in the reply: ``GrantChunk``;
 * this process: ``WakeAt`` (a timer feeding ``Tick``), plus a ``Tick`` every second.
 
-Every call must carry the job's credential. After every event the leader's state is
-written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape records are appended to
-``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
+Every call must carry the job's credential, in its gRPC metadata (``x-dipsjax-token``):
+:class:`TokenCheck` refuses one without it before its bytes are read. Bytes that do not
+decode are answered with the problem and counted (``malformed``). Each event is screened
+by the core (:meth:`Leader.screen`: unknown peers and rounds are refused and counted) and
+checked against its sender's :class:`RequestLog` (a repeated request is answered as the
+first time, never applied twice; an older incarnation's is refused). After every event
+the leader's state is written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape
+records are appended to ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
 ``--resume`` restarts from that snapshot and tape (the clock continues from the last
 status), then :meth:`Leader.resume`: a round the followers were applying is finished, what
@@ -38,14 +43,14 @@ import secrets
 import signal
 import sys
 import time
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from dipsjax.data.ledger import new_ledger
-from dipsjax.runtime.client import keepalive_options
+from dipsjax.runtime.client import TOKEN_KEY, keepalive_options
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -53,6 +58,8 @@ from dipsjax.syncer.leader import Leader, Phase
 from dipsjax.syncer.tape import EventTape, phase_seconds
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+MAX_REQUEST_BYTES = 1 << 20
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
 TO_LEARNER = (m.SendModel, m.PushShards, m.Evict, m.Refuse, m.Unused, m.GrantChunk)
@@ -83,6 +90,87 @@ def recipients(action: m.Action) -> list[tuple[str, int]]:
     return []
 
 
+class RequestLog:
+    """What the leader has taken from each peer (replay protection, sans-IO): the newest
+    incarnation it has seen, and for each of that incarnation's newest :attr:`SESSIONS`
+    sessions (a session: one control client) the request numbers seen among the last
+    :attr:`WINDOW` (requests of one session may arrive out of order: several threads share
+    a client) and the replies to the last :attr:`REPLIES`. :meth:`check` says what to do
+    with a request: ``new`` (handle it, then :meth:`answered`), ``repeat`` (answer the
+    reply it got), ``replay`` (seen, too old to answer: refuse) or ``old_incarnation``.
+    A restored log (:meth:`from_json`) refuses every number up to the newest it had."""
+
+    WINDOW = 1024
+    REPLIES = 16
+    SESSIONS = 8
+
+    @dataclasses.dataclass
+    class Session:
+        floor: int = 0  # numbers up to this one are refused (a restored log)
+        high: int = 0
+        seen: set[int] = dataclasses.field(default_factory=set)
+        replies: OrderedDict[int, Any] = dataclasses.field(default_factory=OrderedDict)
+
+    @dataclasses.dataclass
+    class Peer:
+        incarnation: int
+        sessions: OrderedDict[int, RequestLog.Session] = dataclasses.field(
+            default_factory=OrderedDict
+        )
+
+    def __init__(self) -> None:
+        self.peers: dict[tuple[str, int], RequestLog.Peer] = {}
+
+    def check(
+        self, who: tuple[str, int], incarnation: int, session: int, request: int
+    ) -> tuple[str, Any]:
+        """``(verdict, reply)``: the verdict on request ``request`` of ``session`` (see
+        the class), with the reply to repeat for ``repeat``. A ``new`` one is taken."""
+        peer = self.peers.setdefault(who, RequestLog.Peer(incarnation))
+        if incarnation < peer.incarnation:
+            return "old_incarnation", None
+        if incarnation > peer.incarnation:  # a restart: the older one's sessions are done
+            peer.incarnation, peer.sessions = incarnation, OrderedDict()
+        s = peer.sessions.get(session)
+        if s is None:
+            s = peer.sessions[session] = RequestLog.Session()
+            while len(peer.sessions) > self.SESSIONS:
+                peer.sessions.popitem(last=False)
+        peer.sessions.move_to_end(session)
+        if request in s.replies:
+            return "repeat", s.replies[request]
+        if request in s.seen or request <= max(s.floor, s.high - self.WINDOW):
+            return "replay", None
+        s.seen.add(request)
+        if request > s.high:
+            s.high = request
+            s.seen = {r for r in s.seen if r > s.high - self.WINDOW}
+        return "new", None
+
+    def answered(self, who: tuple[str, int], session: int, request: int, reply: Any) -> None:
+        """The reply a ``new`` request got (a repeat of it gets the same)."""
+        s = self.peers[who].sessions.get(session)
+        if s is not None:
+            s.replies[request] = reply
+            while len(s.replies) > self.REPLIES:
+                s.replies.popitem(last=False)
+
+    def to_json(self) -> list:
+        return [
+            [kind, j, p.incarnation, [[k, max(s.high, s.floor)] for k, s in p.sessions.items()]]
+            for (kind, j), p in self.peers.items()
+        ]
+
+    @classmethod
+    def from_json(cls, data: list) -> RequestLog:
+        log = cls()
+        for kind, j, incarnation, sessions in data:
+            peer = log.peers[(kind, j)] = RequestLog.Peer(incarnation)
+            for k, high in sessions:
+                peer.sessions[k] = RequestLog.Session(floor=high, high=high)
+        return log
+
+
 class LeaderNode:
     """The leader's state, its routing and persistence (used by the gRPC service)."""
 
@@ -94,7 +182,14 @@ class LeaderNode:
                 spec.sim.method,
                 spec.method_settings(),
             )
-            config = dataclasses.replace(method.leader, fingerprint=spec.fingerprint)
+            sim = spec.sim
+            config = dataclasses.replace(
+                method.leader,
+                fingerprint=spec.fingerprint,
+                learners=sim.learners,  # learner ids 0 .. learners - 1
+                max_push_steps=sim.inner_steps,  # a round is at most inner_steps steps
+                step_tokens=sim.batch_size * sim.seq_len,
+            )
             leader = Leader(
                 config,
                 method.grace,
@@ -128,6 +223,7 @@ class LeaderNode:
         # counts what it refuses itself (``Leader.refused``). Both are in the status, and
         # both in the snapshot (these are saved with the next event's snapshot).
         self.refused: Counter[str] = Counter()
+        self.requests = RequestLog()  # replay protection (saved with the snapshot)
         self.last_round: dict[str, Any] | None = None  # the newest round ended, for status
         # When training began: the first learner active (late joiners count from it).
         self.began = next(
@@ -140,7 +236,9 @@ class LeaderNode:
         )
         snap = self.dir / "leader" / "snapshot.json"
         if resumed and snap.exists():
-            self.refused.update(json.loads(snap.read_text()).get("transport_refused", {}))
+            saved = json.loads(snap.read_text())
+            self.refused.update(saved.get("transport_refused", {}))
+            self.requests = RequestLog.from_json(saved.get("requests", []))
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -149,7 +247,9 @@ class LeaderNode:
         """One event through the core; routes and persists what it produced."""
         event = dataclasses.replace(event, t=self.now())  # the leader's clock, not the sender's
         actions = self.leader.handle(event)
-        if isinstance(event, m.Join):  # a refused join is answered to its caller alone
+        if isinstance(event, m.Join | m.PushRequested):
+            # A refused join or push is answered to its caller alone (a forged one's refusal
+            # never reaches the learner it names; the caller counts what it reported).
             refusals = [a for a in actions if isinstance(a, m.Refuse)]
             rest = [a for a in actions if not isinstance(a, m.Refuse)]
             return refusals + self.carry_out(rest)
@@ -274,6 +374,7 @@ class LeaderNode:
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
         state["transport_refused"] = dict(self.refused)
+        state["requests"] = self.requests.to_json()
         write_json(self.dir / "leader" / "snapshot.json", state, allow_nan=False)
         for r in records:
             if self.began is None and r["kind"] == "membership" and r["event"] == "active":
@@ -379,52 +480,119 @@ def _writer(path: Path):
     return SummaryWriter(str(path))
 
 
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Refuses a call whose metadata lacks the job's token (``UNAUTHENTICATED``, counted
+    in ``refused``) before its request is read or parsed."""
+
+    def __init__(self, token: str, refused: Counter) -> None:
+        self.token = token.encode()
+        self.refused = refused
+
+    def authorized(self, metadata: Any) -> bool:
+        got = next((v for k, v in metadata or () if k == TOKEN_KEY), "")
+        got = got.encode() if isinstance(got, str) else bytes(got)
+        return hmac.compare_digest(got, self.token)
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or self.authorized(details.invocation_metadata):
+            return handler
+        self.refused["unauthenticated"] += 1
+        why = "bad or missing job credential"
+
+        async def deny(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+
+        async def deny_stream(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
+            yield  # (never reached: a generator, as a streaming handler is)
+
+        if handler.response_streaming:  # the request stays bytes: nothing is parsed
+            return grpc.unary_stream_rpc_method_handler(
+                deny_stream, response_serializer=handler.response_serializer
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            deny, response_serializer=handler.response_serializer
+        )
+
+
 class SyncerService(syncer_pb2_grpc.SyncerServicer):
-    """``Call``: one event in, the caller's replies out. ``Watch``: a process's actions."""
+    """``Call``: one event in, the caller's replies out. ``Watch``: a process's actions.
+    Every request arrives as bytes, from a caller :class:`TokenCheck` let through."""
 
     def __init__(self, node: LeaderNode) -> None:
         self.node = node
-        self.token = node.spec.token.encode()
-
-    def _authorized(self, token: str) -> bool:
-        return hmac.compare_digest(token.encode(), self.token)
-
-    async def _deny(self, context) -> None:
-        self.node.refused["unauthenticated"] += 1
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bad or missing job credential")
 
     def _malformed(self, error: str) -> syncer_pb2.Replies:
         self.node.refused["malformed"] += 1
         return syncer_pb2.Replies(error=error)
 
+    async def _parse(self, cls: type, data: bytes, context) -> Any:
+        """``data`` as a ``cls`` request, or the call ends ``INVALID_ARGUMENT`` (counted)."""
+        request = cls()
+        try:
+            request.ParseFromString(data)
+        except Exception as e:  # protobuf's DecodeError (and its kin)
+            self.node.refused["malformed"] += 1
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"malformed request: not a {cls.__name__} ({len(data)} bytes): {e}",
+            )
+        return request
+
+    def _refused(self, kind: str, reason: str) -> syncer_pb2.Replies:
+        self.node.refused[kind] += 1
+        return syncer_pb2.Replies(refused=f"{kind}: {reason}")
+
     async def Call(self, request, context):
         try:  # raw bytes (see ``add_service``): what does not parse is answered and counted
-            request = codec.parse_envelope(request)
-        except ValueError as e:
-            return self._malformed(f"malformed message: {e}")
-        if not self._authorized(request.job_token):
-            await self._deny(context)
-        try:
-            event = codec.from_proto(request)
+            envelope = codec.parse_envelope(request)
+            event = codec.from_proto(envelope)
         except ValueError as e:
             return self._malformed(f"malformed message: {e}")
         if not isinstance(event, m.Event):
             return self._malformed(f"{type(event).__name__} is not an event")
-        self.node.acknowledge(event, request.acked, request.epoch)
+        node = self.node
+        bad = node.leader.screen(event)
+        if bad is not None:
+            node.leader.handle(event)  # the core counts it; nothing else changes
+            return syncer_pb2.Replies(refused=f"{bad.kind}: {bad.reason}")
+        who = sender(event)
+        if who is not None:
+            if not envelope.session or not envelope.request:
+                return self._malformed(
+                    "malformed message: unnumbered request (set incarnation, session and "
+                    "request: dipsjax.runtime.client.ControlClient does)"
+                )
+            numbered = (envelope.incarnation, envelope.session, envelope.request)
+            verdict, reply = node.requests.check(who, *numbered)
+            if verdict == "repeat":
+                node.refused["repeat"] += 1
+                return reply
+            if verdict != "new":
+                what = {
+                    "replay": f"request {envelope.request} of session {envelope.session} "
+                    "was taken already",
+                    "old_incarnation": f"incarnation {envelope.incarnation} of {who[0]} "
+                    f"{who[1]} is older than one heard from",
+                }[verdict]
+                return self._refused(verdict, what)
+        node.acknowledge(event, envelope.acked, envelope.epoch)
         try:
-            replies = self.node.handle(event)
+            replies = node.handle(event)
         except (ValueError, TypeError) as e:
             return self._malformed(str(e))
-        return syncer_pb2.Replies(actions=[codec.to_proto(a) for a in replies])
+        reply = syncer_pb2.Replies(actions=[codec.to_proto(a) for a in replies])
+        if who is not None:
+            node.requests.answered(who, envelope.session, envelope.request, reply)
+        return reply
 
     async def Status(self, request, context):
-        if not self._authorized(request.job_token):
-            await self._deny(context)
+        await self._parse(syncer_pb2.StatusRequest, request, context)
         return syncer_pb2.StatusReply(json=json.dumps(self.node.status()))
 
     async def Watch(self, request, context):
-        if not self._authorized(request.job_token):
-            await self._deny(context)
+        request = await self._parse(syncer_pb2.WatchRequest, request, context)
         kind = request.WhichOneof("peer")
         if kind is None:
             await context.abort(
@@ -444,10 +612,12 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
 
 
 def add_service(service: SyncerService, server: Any) -> None:
-    """Registers the service as ``syncer_pb2_grpc`` would, except that ``Call`` gets the
-    request's raw bytes: bytes that are not a protobuf ``Envelope`` then get a reply
-    naming the problem and are counted (``malformed``), where gRPC's own deserializer
-    would end the call with a bare INTERNAL error."""
+    """Registers the service as ``syncer_pb2_grpc`` would, except that every method gets
+    the request's raw bytes, parsed only once :class:`TokenCheck` let the call through:
+    bytes that are not a protobuf ``Envelope`` then get a reply naming the problem, and a
+    ``Status`` or ``Watch`` request that does not decode ends ``INVALID_ARGUMENT``, each
+    counted (``malformed``), where gRPC's own deserializer would end the call with a bare
+    INTERNAL or UNKNOWN error."""
     handlers = {
         "Call": grpc.unary_unary_rpc_method_handler(
             service.Call,
@@ -456,12 +626,12 @@ def add_service(service: SyncerService, server: Any) -> None:
         ),
         "Watch": grpc.unary_stream_rpc_method_handler(
             service.Watch,
-            request_deserializer=syncer_pb2.WatchRequest.FromString,
+            request_deserializer=bytes,
             response_serializer=syncer_pb2.Envelope.SerializeToString,
         ),
         "Status": grpc.unary_unary_rpc_method_handler(
             service.Status,
-            request_deserializer=syncer_pb2.StatusRequest.FromString,
+            request_deserializer=bytes,
             response_serializer=syncer_pb2.StatusReply.SerializeToString,
         ),
     }
@@ -481,6 +651,9 @@ def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
         *keepalive_options(heartbeat_interval),
         ("grpc.http2.min_ping_interval_without_data_ms", ms // 4),
         ("grpc.http2.max_ping_strikes", 0),  # 0: no limit
+        # Events are < 1 KB typical and their strings are cut to 1 KiB: a bound on what a
+        # request may make the leader read (gRPC's default is 4 MiB).
+        ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
     ]
 
 
@@ -513,7 +686,10 @@ async def serve(
     node.loop = asyncio.get_running_loop()
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
-    server = grpc.aio.server(options=server_options(spec.heartbeat_interval))
+    server = grpc.aio.server(
+        options=server_options(spec.heartbeat_interval),
+        interceptors=[TokenCheck(spec.token, node.refused)],
+    )
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")
     host = spec.bind or host

@@ -71,7 +71,7 @@ from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
 from dipsjax.learner.contribution import push_meta
 from dipsjax.model.configs import get_config
 from dipsjax.runtime.checkpoint import Checkpoints
-from dipsjax.runtime.client import ControlClient, in_parallel, model_fingerprint
+from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address, write_json
 from dipsjax.syncer import messages as m
@@ -188,7 +188,7 @@ class LearnerNode:
         )
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
-        self.control = ControlClient(spec, learner=j)
+        self.control = ControlClient(spec, learner=j, incarnation=incarnation)
         tls = spec.ssl_client()
         rate = dict(spec.link_rates).get(j)  # fault injection: a slow link
         # Fault injection: a cut link, in the first incarnation (a new one has a new link).
@@ -349,7 +349,7 @@ class LearnerNode:
         except (grpc.RpcError, ValueError) as e:
             return self._call_failed(e, type(event).__name__)
         self.lost_since = None
-        if isinstance(event, m.PushRequested):
+        if isinstance(event, m.PushRequested) and booked(replies):
             self.reported += event.meta.tokens  # the leader has it (refused ones too)
             self._write_reported()
         out: list[m.Command] = []

@@ -37,7 +37,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 
-from dipsjax.runtime.client import ControlClient, in_parallel
+from dipsjax.runtime.client import ControlClient, booked, in_parallel
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.learner import LearnerProtocol, State
@@ -164,7 +164,7 @@ class StandIn:
                 replies = self.call(c.event)
             except grpc.RpcError as e:
                 return self._call_failed(e)
-            if isinstance(c.event, m.PushRequested):
+            if isinstance(c.event, m.PushRequested) and booked(replies):
                 # Counted here, apart: the leader has it (refused ones too), as a learner
                 # counts it (a call that failed never reached the books).
                 self.stats["reported"] += c.event.meta.tokens
@@ -283,15 +283,16 @@ def write_shapes(spec: RunSpec) -> None:
 
 
 def _probe(spec: RunSpec, phase: list[str], samples: list, stop: threading.Event) -> None:
-    """Heartbeats of a learner id outside the job (it changes nothing: the leader keeps
-    no such member) every 20 ms, each round trip timed with the phase it fell in. It runs
+    """Ticks (they change nothing the leader does not check every second anyway: its
+    deadlines and heartbeats) every 20 ms, each round trip timed with the phase it fell
+    in (a learner id outside the job would be refused and counted). It runs
     in the launcher's own, otherwise idle, process: the leader's side of the latency,
     without a busy client's waits."""
     client = ControlClient(spec, learner=spec.sim.learners)
     while not stop.wait(0.02):
         t0 = time.perf_counter()
         try:
-            client.call(m.Heartbeat(0.0, spec.sim.learners), timeout=10)
+            client.call(m.Tick(0.0), timeout=10)
         except Exception:  # a lost call counts as the longest
             samples.append((phase[0], time.time(), float("inf")))
             continue

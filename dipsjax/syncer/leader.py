@@ -54,8 +54,11 @@ from dipsjax import rules
 from dipsjax.data import ledger as chunks
 from dipsjax.syncer.grace import GracePolicy, NoGrace
 from dipsjax.syncer.messages import (
+    UNBOOKED,
     Action,
     Apply,
+    BadEvent,
+    BadKind,
     ChunkRequested,
     Decide,
     Discard,
@@ -89,6 +92,7 @@ from dipsjax.syncer.messages import (
     TransferDone,
     Unused,
     WakeAt,
+    cut_strings,
     spans_of,
 )
 from dipsjax.syncer.schedule import greedy_schedule, optimal_schedule
@@ -141,6 +145,13 @@ class LeaderConfig:
         waits for all of them, also at the start and after a restart.
       fingerprint: the job's model fingerprint (its parameters' paths, shapes and dtypes);
         a learner that joins with another one is refused (empty: not checked).
+      learners: the job's learner ids are ``0 .. learners - 1``: an event about another id
+        is refused by :meth:`Leader.screen` (None: any id, as in the simulator).
+      max_push_steps: a push reports at most this many inner steps (the job's
+        ``inner_steps``), else it is refused (``bounds``) and not booked (None: no bound).
+      step_tokens: one inner step trains at most this many tokens (``batch_size *
+        seq_len``): a push reporting more than ``steps * step_tokens`` is refused
+        (``bounds``) and not booked (None: no bound).
     """
 
     weighting: str = "tokens"
@@ -161,6 +172,9 @@ class LeaderConfig:
     deal_chunks: int = 0
     min_active: int = 0
     fingerprint: str = ""
+    learners: int | None = None
+    max_push_steps: int | None = None
+    step_tokens: int | None = None
 
     def __post_init__(self) -> None:
         checks = [
@@ -191,6 +205,13 @@ class LeaderConfig:
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy|optimal"),
             (self.deal_chunks >= 0, "deal_chunks", ">= 0"),
             (self.min_active >= 0, "min_active", ">= 0"),
+            (self.learners is None or self.learners >= 1, "learners", ">= 1 or None"),
+            (
+                self.max_push_steps is None or self.max_push_steps >= 1,
+                "max_push_steps",
+                ">= 1 or None",
+            ),
+            (self.step_tokens is None or self.step_tokens >= 1, "step_tokens", ">= 1 or None"),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -426,10 +447,49 @@ class Leader:
 
     # -- entry point ---------------------------------------------------------------
 
+    def screen(self, event: Event) -> BadEvent | None:
+        """Whether ``event`` is about a peer or a round the job does not have: a learner id
+        outside ``config.learners``, a follower id outside ``config.num_followers``, a
+        round never opened or one that has ended. :meth:`handle` refuses such an event
+        (counted by kind, nothing else changes); a driver may call this first to tell the
+        sender. Pure: it changes nothing."""
+        learner = getattr(event, "learner", None)
+        n = self.config.learners
+        if learner is not None and n is not None and not 0 <= learner < n:
+            return BadEvent(
+                BadKind.UNKNOWN_LEARNER, f"no learner {learner}: the job has {n} learners"
+            )
+        follower = getattr(event, "follower", None)
+        k = self.config.num_followers
+        if follower is not None and not 0 <= follower < k:
+            return BadEvent(
+                BadKind.UNKNOWN_FOLLOWER, f"no follower {follower}: the job has {k} followers"
+            )
+        round_id = getattr(event, "round_id", None)
+        if round_id is not None:
+            if round_id >= self.next_round_id:
+                return BadEvent(
+                    BadKind.UNKNOWN_ROUND,
+                    f"round {round_id} was never opened (the next is {self.next_round_id})",
+                )
+            if self.round is None or round_id != self.round.round_id:
+                return BadEvent(BadKind.OLD_ROUND, f"round {round_id} has ended")
+        return None
+
     def handle(self, event: Event) -> list[Action]:
-        """Consumes one event and returns the actions to carry out, in order."""
+        """Consumes one event and returns the actions to carry out, in order. An event
+        :meth:`screen` refuses is counted and changes nothing else; string fields longer
+        than :data:`~dipsjax.syncer.messages.MAX_STRING` bytes are cut first."""
+        bad = self.screen(event)
+        if bad is not None:
+            self.refused[bad.kind] += 1
+            return []
+        event = cut_strings(event)
         if self.stopped:
             if isinstance(event, PushRequested):  # booked, so the learners' count balances
+                too_many = self._beyond_bounds(event.meta)
+                if too_many:
+                    return self._refuse(event, "bounds", too_many)
                 return self._refuse(event, "stopped", "the job has stopped")
             return []
         handler = getattr(self, f"_on_{type(event).__name__}", None)
@@ -689,10 +749,13 @@ class Leader:
         # batches stay where they are: with its learner, who trains them again (or exits,
         # and its next incarnation's join gives them back), or already given back when an
         # older incarnation's push arrives; a retry's first copy settles them itself.
+        # Not booked: a push no member sent (``unknown``), or one claiming more than the
+        # job's geometry allows (``bounds``); its sender counts neither (``UNBOOKED``).
         self.refused[kind] += 1
-        tokens = max(int(ev.meta.tokens), 0)
-        self.ledger.report(ev.learner, tokens)
-        self.ledger.settle(ev.learner, tokens, "dropped")
+        if kind not in UNBOOKED:
+            tokens = max(int(ev.meta.tokens), 0)
+            self.ledger.report(ev.learner, tokens)
+            self.ledger.settle(ev.learner, tokens, "dropped")
         return [Refuse(ev.learner, reason, RefuseKind(kind), ev.meta.incarnation)]
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
@@ -700,6 +763,9 @@ class Leader:
         meta = ev.meta
         if member is None:
             return self._refuse(ev, "unknown", "not a member: join and pull a model first")
+        too_many = self._beyond_bounds(meta)  # before any refusal that books the push
+        if too_many:
+            return self._refuse(ev, "bounds", too_many)
         if not member.active:
             # A member that must pull first (e.g. a push sent before a leader restart and
             # delivered to the resumed leader): it keeps its batches, as it rejoins from its
@@ -728,6 +794,21 @@ class Leader:
             return self._admit(push, ev.t)
         self.waiting.append(push)  # for the next round (or until every follower is back)
         return []
+
+    def _beyond_bounds(self, meta: PushMeta) -> str:
+        """Why ``meta``'s counts exceed what one round of the job can train (its field,
+        value and bound), or ``""``."""
+        cfg = self.config
+        if cfg.max_push_steps is not None and meta.steps > cfg.max_push_steps:
+            return f"steps {meta.steps} exceed max_push_steps {cfg.max_push_steps}"
+        if cfg.step_tokens is not None:
+            bound = max(meta.steps, 0) * cfg.step_tokens
+            if meta.tokens > bound:
+                return (
+                    f"tokens {meta.tokens} exceed {bound} (steps {meta.steps} x step_tokens "
+                    f"{cfg.step_tokens})"
+                )
+        return ""
 
     def _open_pushes(self) -> list[Push]:
         if self.round is not None and self.round.phase in (Phase.COLLECTING, Phase.TRANSFERS):

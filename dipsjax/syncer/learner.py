@@ -85,7 +85,9 @@ from dipsjax.syncer.messages import (
 )
 
 # Refusals only a push gets (a join is refused as stopped, unknown, incarnation, fingerprint).
-PUSH_REFUSALS = frozenset({RefuseKind.INACTIVE, RefuseKind.PENDING, RefuseKind.INVALID})
+PUSH_REFUSALS = frozenset(
+    {RefuseKind.INACTIVE, RefuseKind.PENDING, RefuseKind.INVALID, RefuseKind.BOUNDS}
+)
 
 
 class State(enum.StrEnum):

@@ -40,6 +40,50 @@ class RefuseKind(enum.StrEnum):
     INVALID = "invalid"  # a push whose counts or version make no sense
     PENDING = "pending"  # a push of this learner is already pending
     FINGERPRINT = "fingerprint"  # a join with another model
+    BOUNDS = "bounds"  # a push whose counts exceed what the job's geometry allows
+
+
+#: Refusals whose push is not booked: no member sent it (or its counts are beyond what any
+#: learner of the job can train), so no learner counts it either. Every other refused
+#: push is booked (reported and dropped), as its learner counts it.
+UNBOOKED = frozenset({RefuseKind.UNKNOWN, RefuseKind.BOUNDS})
+
+
+class BadKind(enum.StrEnum):
+    """Why the leader's screening refused an event before handling it
+    (:meth:`dipsjax.syncer.Leader.screen`): the keys of its ``refused`` counter."""
+
+    UNKNOWN_LEARNER = "unknown_learner"  # a learner id outside the job
+    UNKNOWN_FOLLOWER = "unknown_follower"  # a follower id outside the job
+    UNKNOWN_ROUND = "unknown_round"  # a round never opened
+    OLD_ROUND = "old_round"  # a round that ended (a late or repeated report)
+
+
+@dataclasses.dataclass(frozen=True)
+class BadEvent:
+    """An event the leader's screening refused (not a message: never on the wire)."""
+
+    kind: str  # a BadKind
+    reason: str
+
+
+#: The longest string field an event may carry into the leader (UTF-8 bytes); longer
+#: ones are cut (:func:`cut_strings`) before the tape or a log sees them.
+MAX_STRING = 1024
+
+
+def cut_strings(event: Event, limit: int = MAX_STRING) -> Event:
+    """``event`` with each ``str`` field longer than ``limit`` UTF-8 bytes cut to its first
+    ``limit`` bytes plus a marker saying how many were cut (the same event when none is)."""
+    cut = {}
+    for f in dataclasses.fields(event):
+        value = getattr(event, f.name)
+        if isinstance(value, str) and len(value) > limit // 4:
+            data = value.encode("utf-8", "replace")
+            if len(data) > limit:
+                head = data[:limit].decode("utf-8", "ignore")
+                cut[f.name] = f"{head}...[{len(data) - limit} more bytes cut]"
+    return dataclasses.replace(event, **cut) if cut else event
 
 
 class EvictKind(enum.StrEnum):

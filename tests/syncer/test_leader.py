@@ -43,7 +43,7 @@ def finish_round(leader, t, norms=None, merged=0.25):
     rnd = leader.round
     acts = []
     for p in list(rnd.pushes):
-        acts += leader.handle(L.TransferDone(t, p.learner, rnd.round_id))
+        acts += leader.handle(L.TransferDone(t, p.learner, rnd.round_id, p.meta.incarnation))
     req = [a for a in acts if isinstance(a, L.RequestNorms)]
     assert len(req) == 1
     g = norms or tuple(1.0 for _ in req[0].learners)
@@ -308,9 +308,11 @@ def test_token_ledger_balances_under_random_sequences(script):
     for op, j, tokens in script:
         t += 1.0
         if op in ("push", "bad"):
-            base = leader.version + (5 if op == "bad" else 0)  # "bad": refused, still counted
-            leader.handle(push(t, j, tokens, 1, base, incarnation=incarnation[j]))
-            sent += tokens
+            base = leader.version + (5 if op == "bad" else 0)  # "bad": refused, still booked
+            replies = leader.handle(push(t, j, tokens, 1, base, incarnation=incarnation[j]))
+            # As a learner counts: not a push refused unbooked (its sender not a member).
+            if not any(isinstance(a, L.Refuse) and a.kind in L.UNBOOKED for a in replies):
+                sent += tokens
         elif op in ("join", "restart"):
             incarnation[j] += op == "restart"
             for a in leader.handle(L.Join(t, j, incarnation[j])):
@@ -479,8 +481,13 @@ def test_a_silent_follower_is_lost_through_heartbeats_and_its_round_discarded():
     leader.handle(L.FollowerHeartbeat(10.0, 0))
     leader.handle(L.Tick(10.0))  # still silent: lost once, not again at every check
     assert len([r for r in leader.tape.records if r.get("event") == "lost"]) == 1
-    with pytest.raises(ValueError, match="no follower 3"):
-        leader.handle(L.FollowerHeartbeat(10.0, 3))
+    # A follower the job does not have is refused by the screening, and counted.
+    assert (
+        leader.screen(L.FollowerHeartbeat(10.0, 3)).reason
+        == "no follower 3: the job has 3 followers"
+    )
+    assert leader.handle(L.FollowerHeartbeat(10.0, 3)) == []
+    assert leader.refused["unknown_follower"] == 1 and 3 not in leader.follower_seen
 
 
 def test_a_follower_found_lost_that_beats_again_is_asked_to_join_again():

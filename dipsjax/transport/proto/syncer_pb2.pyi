@@ -359,7 +359,7 @@ class Stop(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Envelope(_message.Message):
-    __slots__ = ("job_token", "join", "leave", "heartbeat", "tick", "push_requested", "transfer_done", "pull_done", "chunk_requested", "learner_failed", "follower_norms", "follower_merged", "follower_applied", "follower_joined", "follower_lost", "send_model", "push_shards", "wake_at", "request_norms", "decide", "apply", "discard", "notify_pull", "grant_chunk", "evict", "refuse", "stop", "follower_heartbeat", "unused", "rejoin", "epoch", "seq", "acked")
+    __slots__ = ("job_token", "join", "leave", "heartbeat", "tick", "push_requested", "transfer_done", "pull_done", "chunk_requested", "learner_failed", "follower_norms", "follower_merged", "follower_applied", "follower_joined", "follower_lost", "send_model", "push_shards", "wake_at", "request_norms", "decide", "apply", "discard", "notify_pull", "grant_chunk", "evict", "refuse", "stop", "follower_heartbeat", "unused", "rejoin", "epoch", "seq", "acked", "incarnation", "session", "request")
     JOB_TOKEN_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
     LEAVE_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,9 @@ class Envelope(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
     job_token: str
     join: Join
     leave: Leave
@@ -426,15 +429,20 @@ class Envelope(_message.Message):
     epoch: int
     seq: int
     acked: int
-    def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., follower_heartbeat: _Optional[_Union[FollowerHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[Unused, _Mapping]] = ..., rejoin: _Optional[_Union[Rejoin, _Mapping]] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., acked: _Optional[int] = ...) -> None: ...
+    incarnation: int
+    session: int
+    request: int
+    def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., follower_heartbeat: _Optional[_Union[FollowerHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[Unused, _Mapping]] = ..., rejoin: _Optional[_Union[Rejoin, _Mapping]] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., acked: _Optional[int] = ..., incarnation: _Optional[int] = ..., session: _Optional[int] = ..., request: _Optional[int] = ...) -> None: ...
 
 class Replies(_message.Message):
-    __slots__ = ("actions", "error")
+    __slots__ = ("actions", "error", "refused")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[Envelope]
     error: str
-    def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+    refused: str
+    def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("job_token", "learner", "follower", "incarnation", "acked", "epoch")

@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class SyncerStub:
-    """Served by the leader.
+    """Served by the leader. Every call carries the job's token in its gRPC metadata
+    (`x-dipsjax-token`); one without it is refused UNAUTHENTICATED before its bytes are read.
     """
 
     def __init__(self, channel):
@@ -53,7 +54,8 @@ class SyncerStub:
 
 
 class SyncerServicer:
-    """Served by the leader.
+    """Served by the leader. Every call carries the job's token in its gRPC metadata
+    (`x-dipsjax-token`); one without it is refused UNAUTHENTICATED before its bytes are read.
     """
 
     def Call(self, request, context):
@@ -104,7 +106,8 @@ def add_SyncerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Syncer:
-    """Served by the leader.
+    """Served by the leader. Every call carries the job's token in its gRPC metadata
+    (`x-dipsjax-token`); one without it is refused UNAUTHENTICATED before its bytes are read.
     """
 
     @staticmethod

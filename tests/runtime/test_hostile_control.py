@@ -1,0 +1,146 @@
+"""Hostile requests against a real leader process (issue 18 items 3, 4 and 6): a forged
+push does not move the job, a replayed request is not applied twice, the credential is
+checked before anything is parsed, and bad input is answered and counted."""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from dipsjax.launch.run import make_spec
+from dipsjax.runtime.client import ControlClient
+from dipsjax.sim.config import SimConfig
+from dipsjax.syncer import messages as m
+from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+pytestmark = [pytest.mark.integration]
+
+STEP = 8 * 64  # tokens of one inner step (batch_size x seq_len)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A real leader of a 2-learner, 1-follower job; learner 0 active, follower 0 up."""
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(learners=2, followers=1, token_budget=100_000), run_dir)
+    spec.write(run_dir / "spec.json")
+    cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(run_dir / "spec.json")]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    learner, follower = ControlClient(spec, learner=0), ControlClient(spec, follower=0)
+    follower.call(m.FollowerJoined(0.0, 0, 0, address=spec.followers[0]), timeout=60)
+    assert learner.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=60) == []
+    learner.call(m.PullDone(0.0, 0, 0))
+    yield spec, learner, follower
+    for c in (learner, follower):
+        c.close()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+
+
+def _round(learner, follower, round_id, version, tokens, steps):
+    """Learner 0's push through a whole round: pushed, transferred, merged, applied, pulled."""
+    learner.call(m.PushRequested(0.0, 0, m.PushMeta(tokens, steps, version, train_seconds=1.0)))
+    learner.call(m.TransferDone(0.0, 0, round_id))
+    follower.call(m.FollowerNorms(0.0, 0, round_id, (1.0,)))
+    follower.call(m.FollowerMerged(0.0, 0, round_id, 0.5))
+    follower.call(m.FollowerApplied(0.0, 0, round_id, version + 1))
+    learner.call(m.PullDone(0.0, 0, version + 1))
+
+
+def test_a_forged_push_of_1e15_tokens_neither_ends_nor_moves_the_job(job):
+    spec, learner, follower = job
+    stranger = ControlClient(spec, learner=9)  # a learner id the job does not have
+    stranger.call(m.PushRequested(0.0, 9, m.PushMeta(10**15, 16, 0)))
+    forged = learner.call(m.PushRequested(0.0, 0, m.PushMeta(10**15, 16, 0)))
+    st = learner.status()
+    assert not st["stopped"] and st["round"] is None and st["version"] == 0
+    assert st["tokens"] == {"reported": 0, "applied": 0, "rejected": 0, "dropped": 0}
+    assert [a.kind for a in forged] == ["bounds"]  # answered to its sender
+    assert "tokens 1000000000000000" in forged[0].reason
+    assert st["budget_tokens"] == 0 and st["refused"] == {"bounds": 1, "unknown_learner": 1}
+    # The job goes on: learner 0's own push is taken and applied.
+    _round(learner, follower, 0, 0, 16 * STEP, 16)
+    st = learner.status()
+    assert st["version"] == 1 and st["tokens"]["applied"] == st["tokens"]["reported"] == 8192
+    stranger.close()
+
+
+class _Recorder(grpc.UnaryUnaryClientInterceptor):
+    """Keeps every Call's request and metadata as sent (what a replay would resend)."""
+
+    def __init__(self):
+        self.sent = []
+
+    def intercept_unary_unary(self, continuation, details, request):
+        self.sent.append((request, details.metadata))
+        return continuation(details, request)
+
+
+def test_a_replayed_push_is_not_taken_and_the_learners_own_push_goes_through(job):
+    _, learner, follower = job
+    recorder = _Recorder()
+    learner.stub = syncer_pb2_grpc.SyncerStub(grpc.intercept_channel(learner.channel, recorder))
+    _round(learner, follower, 0, 0, 6 * STEP, 6)  # round 0, version 1
+    (first, metadata) = recorder.sent[0]  # the push of round 0, as it went on the wire
+    assert first.WhichOneof("message") == "push_requested"
+    stub = syncer_pb2_grpc.SyncerStub(learner.channel)
+    again = stub.Call(first, metadata=metadata, timeout=30)  # replayed
+    assert again.error == "" and list(again.actions) == []  # answered as the first time
+    st = learner.status()
+    assert st["round"] is None and st["tokens"]["reported"] == 6 * STEP  # not taken
+    # The learner's own next push goes through: no `pending` refusal, no eviction.
+    assert learner.call(m.PushRequested(0.0, 0, m.PushMeta(5 * STEP, 5, 1))) == []
+    st = learner.status()
+    assert st["round"]["pushes"] == [0] and st["members"] == [0]
+    assert st["refused"] == {"repeat": 1}
+    books = st["tokens"]
+    assert books["reported"] == 11 * STEP and books["applied"] == 6 * STEP
+    assert books["dropped"] == books["rejected"] == 0  # the other 5 steps are in flight
+    learner.call(m.TransferDone(0.0, 0, 1))
+    follower.call(m.FollowerNorms(0.0, 0, 1, (1.0,)))
+    follower.call(m.FollowerMerged(0.0, 0, 1, 0.5))
+    follower.call(m.FollowerApplied(0.0, 0, 1, 2))
+    assert learner.status()["tokens"]["applied"] == 11 * STEP
+
+
+def test_the_credential_is_checked_before_the_request_is_parsed_and_bad_bytes_are_named(job):
+    spec, learner, _ = job
+    token = (("x-dipsjax-token", spec.token),)
+    raw = {
+        name: learner.channel.unary_unary(
+            f"/dipsjax.syncer.v1.Syncer/{name}",
+            request_serializer=lambda b: b,
+            response_deserializer=reply.FromString,
+        )
+        for name, reply in (("Call", syncer_pb2.Replies), ("Status", syncer_pb2.StatusReply))
+    }
+    garbage = b"\xff\xff\xff\x0fnot a protobuf"
+    # Without the credential nothing is parsed: refused as unauthenticated, not malformed.
+    for name in ("Call", "Status"):
+        with pytest.raises(grpc.RpcError) as e:
+            raw[name](garbage, timeout=30)
+        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # With it: bytes that do not decode are named, and counted.
+    reply = raw["Call"](garbage, metadata=token, timeout=30)
+    assert "malformed message: not a protobuf Envelope (18 bytes)" in reply.error
+    with pytest.raises(grpc.RpcError) as e:
+        raw["Status"](garbage, metadata=token, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a StatusRequest" in e.value.details()
+    watch = learner.channel.unary_stream(
+        "/dipsjax.syncer.v1.Syncer/Watch",
+        request_serializer=lambda b: b,
+        response_deserializer=syncer_pb2.Envelope.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as e:
+        next(iter(watch(garbage, metadata=token, timeout=30)))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert learner.status()["refused"] == {"unauthenticated": 2, "malformed": 3}
+    # A 900 KiB reason reaches the tape cut to 1 KiB.
+    learner.call(m.LearnerFailed(0.0, 0, "x" * (900 << 10)))
+    tape = (Path(spec.run_dir) / "tape.jsonl").read_text()
+    assert len(tape) < 10_000 and f"[{(900 << 10) - 1024} more bytes cut]" in tape

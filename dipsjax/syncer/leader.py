@@ -749,8 +749,9 @@ class Leader:
         # batches stay where they are: with its learner, who trains them again (or exits,
         # and its next incarnation's join gives them back), or already given back when an
         # older incarnation's push arrives; a retry's first copy settles them itself.
-        # Not booked: a push no member sent (``unknown``), or one claiming more than the
-        # job's geometry allows (``bounds``); its sender counts neither (``UNBOOKED``).
+        # Not booked: a push of an incarnation that never joined (``ghost``), or one
+        # claiming more than the job's geometry allows (``bounds``); its sender counts
+        # neither (``UNBOOKED``).
         self.refused[kind] += 1
         if kind not in UNBOOKED:
             tokens = max(int(ev.meta.tokens), 0)
@@ -771,7 +772,14 @@ class Leader:
             # delivered to the resumed leader): it keeps its batches, as it rejoins from its
             # checkpoint and trains them again.
             return self._refuse(ev, "inactive", "pull a model first")
-        if meta.incarnation != member.incarnation:
+        if meta.incarnation > member.incarnation:  # no process of it joined: not booked
+            return self._refuse(
+                ev,
+                "ghost",
+                f"incarnation {meta.incarnation} never joined (the member's is "
+                f"{member.incarnation})",
+            )
+        if meta.incarnation != member.incarnation:  # an older process's: it counted it
             return self._refuse(
                 ev,
                 "incarnation",

@@ -41,12 +41,16 @@ class RefuseKind(enum.StrEnum):
     PENDING = "pending"  # a push of this learner is already pending
     FINGERPRINT = "fingerprint"  # a join with another model
     BOUNDS = "bounds"  # a push whose counts exceed what the job's geometry allows
+    GHOST = "ghost"  # a push of an incarnation newer than any that joined (no process sent it)
 
 
-#: Refusals whose push is not booked: no member sent it (or its counts are beyond what any
-#: learner of the job can train), so no learner counts it either. Every other refused
-#: push is booked (reported and dropped), as its learner counts it.
-UNBOOKED = frozenset({RefuseKind.UNKNOWN, RefuseKind.BOUNDS})
+#: Refusals whose push is not booked: no process of the job sent it (an incarnation that
+#: never joined), or its counts are beyond what any learner of the job can train; so no
+#: learner counts it either. Every other refused push is booked (reported and dropped), as
+#: its learner counts it: ``unknown`` too, a learner of the job the leader no longer has as
+#: a member (evicted, or forgotten by a restart); a learner id outside the job is refused
+#: before (``Leader.screen``) and never booked.
+UNBOOKED = frozenset({RefuseKind.GHOST, RefuseKind.BOUNDS})
 
 
 class BadKind(enum.StrEnum):

@@ -90,26 +90,27 @@ def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_
     # A malformed message gets a clear error, is counted, and changes nothing.
     from dipsjax.transport.proto import syncer_pb2
 
-    reply = member.stub.Call(syncer_pb2.Envelope(job_token=spec.token), timeout=20)
+    reply = member.stub.Call(syncer_pb2.Envelope(), timeout=20, metadata=member.metadata)
     assert "malformed message" in reply.error and "no message" in reply.error
     raw = member.channel.unary_unary(  # bytes that are not a protobuf at all
         "/dipsjax.syncer.v1.Syncer/Call",
         request_serializer=lambda b: b,
         response_deserializer=syncer_pb2.Replies.FromString,
     )
-    reply = raw(b"\xff\xff\xff\x0fnot a protobuf", timeout=20)
+    reply = raw(b"\xff\xff\xff\x0fnot a protobuf", timeout=20, metadata=member.metadata)
     assert "malformed message: not a protobuf Envelope (18 bytes)" in reply.error
     with pytest.raises(ControlError, match="not an event"):
         member.call(m.Evict(0, "forged"), timeout=20)  # an action sent as if an event
-    # A push from a learner that never joined: refused (on learner 9's stream), counted.
+    # A push from a learner the job does not have: refused to its caller, counted.
     assert member.call(m.PushRequested(0.0, 9, m.PushMeta(1, 1, 0)), timeout=20) == []
+    assert member.refused.startswith("unknown_learner: no learner 9")
     status = member.status()
     assert status["members"] == []
     assert status["refused"] == {
         "unauthenticated": 5,
         "fingerprint": 1,
         "malformed": 3,
-        "unknown": 1,
+        "unknown_learner": 1,
     }
     assert member.call(m.Join(0.0, 0, fingerprint=spec.fingerprint), timeout=20) == []
     actions = member.watch()

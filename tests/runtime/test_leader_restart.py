@@ -50,10 +50,9 @@ def _stopped_run(run_dir):
 
 def _first_action(client, timeout=15.0):
     """The first action the leader routes to ``client``'s watch (fails after ``timeout``)."""
-    req = syncer_pb2.WatchRequest(job_token=client.spec.token, **client.peer)
-    return codec.from_proto(
-        next(iter(client.stub.Watch(req, timeout=timeout, wait_for_ready=True)))
-    )
+    req = syncer_pb2.WatchRequest(**client.peer)
+    stream = client.stub.Watch(req, timeout=timeout, wait_for_ready=True, metadata=client.metadata)
+    return codec.from_proto(next(iter(stream)))
 
 
 def test_a_leader_restarted_after_the_final_stop_tells_whoever_watches_and_exits(tmp_path):

@@ -988,13 +988,13 @@ def test_refusals_are_counted_by_kind_and_survive_a_snapshot():
     leader.handle(L.PullDone(1.0, 0, 0))
     assert kinds(leader.handle(push(1.0, 5, 10, 1, 0))) == ["Refuse"]  # unknown
     assert kinds(leader.handle(push(1.0, 0, -1, 1, 0))) == ["Refuse"]  # invalid
-    assert kinds(leader.handle(push(1.0, 0, 10, 1, 0, incarnation=3))) == ["Refuse"]
+    assert kinds(leader.handle(push(1.0, 0, 10, 1, 0, incarnation=3))) == ["Refuse"]  # ghost
     assert dict(leader.refused) == {
         "fingerprint": 1,
         "inactive": 1,
         "unknown": 1,
         "invalid": 1,
-        "incarnation": 1,
+        "ghost": 1,
     }
     again = Leader.restore(json.loads(json.dumps(leader.snapshot())))
     assert again.refused == leader.refused

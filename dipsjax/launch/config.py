@@ -78,13 +78,15 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
 SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
 
 
-def sim_config(cfg: Any, method: str | None = None, command: str = "run") -> SimConfig:
+def sim_config(
+    cfg: Any, method: str | None = None, command: str = "run", plan_only: bool = False
+) -> SimConfig:
     """The config validated whole (:func:`dipsjax.launch.schema.validate`: every field's
     rule and the cross-field rules; :class:`~dipsjax.launch.schema.ConfigError` names the
     field, the allowed values and the value) and its ``sim`` block as a :class:`SimConfig`."""
     from dipsjax.launch.schema import validate
 
-    return validate(cfg, method, command)
+    return validate(cfg, method, command, plan_only)
 
 
 def load(name: str, arg: str | None = None, overrides: list[str] | None = None) -> Any:

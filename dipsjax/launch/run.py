@@ -587,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
     # is one line on stderr naming the field, and exit code 2.
     try:
         cfg = run_config.load(args.config, args.arg, args.set)
-        sim = run_config.sim_config(cfg, args.method)
+        sim = run_config.sim_config(cfg, args.method, plan_only=args.dry_run)
         requirements = requirements_from_config(cfg)
     except (FileNotFoundError, ValueError) as e:
         print(f"{parser.prog}: error: {args.config}: {e}", file=sys.stderr, flush=True)

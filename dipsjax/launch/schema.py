@@ -157,7 +157,7 @@ SIM: dict[str, Rule] = {
     "outer_lr": Real(0, 10, open_lo=True),
     "outer_momentum": Real(0, 0.999999),
     "token_budget": Int(1, 10**15),
-    "eta": Real(0, 100),
+    "eta": Real(0, 10_000),  # percent of step-time heterogeneity
     "speeds": Seq(Real(0, 1000, open_lo=True), MAX_LEARNERS),
     "step_time": Real(0, 1e6, open_lo=True),
     "step_noise": Real(0, 0.999999),

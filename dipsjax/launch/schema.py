@@ -37,12 +37,12 @@ NAME_MAX = 64
 class ConfigError(ValueError):
     """A config value outside its rule: ``field`` (dotted path), ``allowed``, ``value``."""
 
-    def __init__(self, field: str, allowed: str, value: Any) -> None:
+    def __init__(self, field: str, allowed: str, value: Any, context: str = "") -> None:
         self.field, self.allowed, self.value = field, allowed, value
         shown = repr(value)
         if len(shown) > 80:
             shown = shown[:77] + "..."
-        super().__init__(f"config {field}: must be {allowed}, got {shown}")
+        super().__init__(f"{context}config {field}: must be {allowed}, got {shown}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +132,10 @@ def _corpus_ok(v: Any) -> bool:
     return folder.is_dir() and any(p.is_file() for p in folder.glob("*.txt"))
 
 
+WORD = Rule(
+    "a word of at most 256 characters: letters, digits, '.', '_', ',', '-'",
+    lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9._,-]{1,256}", v) is not None,
+)
 CORPUS = Rule(
     f"a built-in corpus {BUILTIN_CORPORA} or an existing folder holding *.txt files",
     _corpus_ok,
@@ -211,12 +215,12 @@ REQUIREMENTS: dict[str, Rule] = {
 
 #: :class:`~dipsjax.launch.slurm.Slurm` fields (``launch.slurm``).
 SLURM: dict[str, Rule] = {
-    "partition": Optional(TEXT),
+    "partition": Optional(WORD),
     "time": Rule(
         "a SLURM time limit [D-]HH:MM:SS", lambda v: isinstance(v, str)
         and re.fullmatch(r"(\d{1,3}-)?\d{1,3}:\d{2}:\d{2}", v) is not None
     ),
-    "account": Optional(TEXT),
+    "account": Optional(WORD),
     "python": TEXT,
     "max_restarts": Int(0, 1000),
     "restart_backoff": Real(0, 3600),

@@ -52,7 +52,7 @@ def load_experiment(name_or_path: str, arg: str | None = None) -> Any:
 
 def expand(config: Any) -> list[tuple[str, SimConfig]]:
     """``[(label, SimConfig)]`` of an experiment config, validated (errors name the run)."""
-    from dipsjax.launch.schema import TOP, validate_sim
+    from dipsjax.launch.schema import TOP, ConfigError, validate_sim
 
     TOP["name"]("name", config.get("name"))  # the output folder's name: runs/NAME
     base = dict(config.get("base", {}))
@@ -70,8 +70,9 @@ def expand(config: Any) -> list[tuple[str, SimConfig]]:
         # the error names the run and the field (runs[i].FIELD).
         try:
             out.append((label, validate_sim(merged, "simulate", where=f"runs[{i}]")))
-        except ValueError as e:
-            raise ValueError(f"experiment {config.name}, run {label!r}: {e}") from None
+        except ConfigError as e:
+            context = f"experiment {config.name}, run {label!r}: "
+            raise ConfigError(e.field, e.allowed, e.value, context) from None
     return out
 
 

@@ -80,3 +80,139 @@ def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing
     assert f"config {field}: must be " in lines[0]
     assert not out.exists()  # no run folder, no credentials/
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- every field, hostile values: refused with the field named, or the run can start ----
+
+from dipsjax.launch import schema  # noqa: E402
+from dipsjax.launch.schema import ConfigError  # noqa: E402
+
+FIELDS = sorted(
+    [f"sim.{k}" for k in schema.SIM]
+    + list(schema.TOP)
+    + [f"launch.learner.{k}" for k in schema.REQUIREMENTS]
+    + [f"launch.leader.{k}" for k in ("cpus", "memory_gb")]
+    + [f"launch.slurm.{k}" for k in schema.SLURM]
+    + [f"launch.kubernetes.{k}" for k in schema.KUBERNETES]
+)
+HOSTILE = [
+    0, 1, -1, 2, 3, 4, 5000, -(2**63), 2**32, 2**64, 10**30,
+    0.0, -0.0, -1.0, 0.5, 1.0, 1e-320, 1e308, math.inf, -math.inf, math.nan,
+    True, False, None, "", "x", "dips", "dp", "../x", "/", "..", ".hidden", "a/b", "a" * 300,
+    "\x00", "a\nb", "/nonexistent", "austen", "tiny", "fp32", "gpu",
+    (), (1.0,), (math.inf, 1.0, 1.0, 1.0), (1.0, 1.0, 1.0, 1.0), ((0, 1.0, 2.0),), ((9, 1.0),),
+    ((0, 2.0, 1.0),), [], {}, {"x": 1},
+]
+VALUES = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.floats(min_value=-10, max_value=10), max_size=5).map(tuple),
+)
+
+
+def _set(cfg: dict, path: str, value) -> None:
+    keys = path.split(".")
+    node = cfg
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+
+
+def _usable(cfg: dict, sim) -> None:
+    """What a run builds from its config before it writes anything: none of it may raise."""
+    import numpy as np
+
+    from dipsjax.data.ledger import new_ledger
+    from dipsjax.launch.cli import executor_settings
+    from dipsjax.launch.core import requirements_from_config
+    from dipsjax.launch.kubernetes import Kubernetes
+    from dipsjax.launch.slurm import Slurm
+    from dipsjax.model.configs import get_config
+    from dipsjax.runtime.spec import RunSpec
+    from dipsjax.syncer import methods as methods_lib
+
+    methods_lib.build(sim.method, sim.method_settings())
+    get_config(sim.model)
+    requirements_from_config(cfg)
+    Slurm(**executor_settings(cfg, "slurm", Slurm))
+    Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
+    RunSpec(sim, "", (), "", "runs/x", (), 0, cfg.get("heartbeat_interval", 1.0))
+    new_ledger(1, batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
+    np.random.default_rng(sim.seed)
+    runs = ROOT / "runs"
+    assert (runs / f"{cfg['name']}-20260101-000000").resolve().parent == runs
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=VALUES)
+def test_fuzz_every_field_is_refused_with_its_name_or_the_run_can_start(field, value):
+    cfg = run_config.load("quickstart", "ci").to_dict()
+    _set(cfg, field, value)
+    try:
+        sim = schema.validate(cfg)
+    except ConfigError as e:
+        # The field itself, or a cross-field rule that names it (speeds: len == sim.learners).
+        assert e.field == field or field in e.allowed, (field, value, str(e))
+        assert str(e).startswith(f"config {e.field}: must be ")
+        return
+    _usable(cfg, sim)
+
+
+def test_every_field_has_a_rule():
+    import dataclasses
+
+    from dipsjax.launch.core import Requirements
+    from dipsjax.launch.kubernetes import Kubernetes
+    from dipsjax.launch.slurm import Slurm
+    from dipsjax.sim.config import SimConfig
+
+    for cls, table in [
+        (SimConfig, schema.SIM),
+        (Requirements, schema.REQUIREMENTS),
+        (Slurm, schema.SLURM),
+        (Kubernetes, schema.KUBERNETES),
+    ]:
+        assert {f.name for f in dataclasses.fields(cls)} == set(table), cls
+
+
+# ---- every config shipped validates ---------------------------------------------------
+
+RUN_CONFIGS = ["quickstart", "paper_1b", "paper_14b", "paper_100b"]
+SIM_CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("sim_*.py"))
+
+
+@pytest.mark.parametrize("arg", [None, "ci"])
+def test_every_shipped_config_validates(arg):
+    for name in RUN_CONFIGS:
+        cfg = run_config.load(name, arg)
+        run_config.sim_config(cfg, plan_only=name.startswith("paper"))
+    from dipsjax.sim import experiments
+
+    assert len(SIM_CONFIGS) >= 9
+    for name in SIM_CONFIGS:
+        assert experiments.expand(experiments.load_experiment(name, arg))
+    # The README's examples, the launch script's methods and the simulator's defaults.
+    readme = ["sim.learners=2", "sim.speeds=(1.0, 2.0)", "launch.learner.cpu_devices=2"]
+    run_config.sim_config(run_config.load("quickstart", arg, readme))
+    for method in ("dips", "decoupled", "sync_diloco", "naive_async"):
+        run_config.sim_config(run_config.load("quickstart", arg), method)
+    import dataclasses
+
+    from dipsjax.sim.config import SimConfig
+
+    schema.validate_sim(dataclasses.asdict(SimConfig()), "simulate")
+
+
+def test_a_bad_sim_experiment_names_the_run_and_the_field():
+    from dipsjax.sim import experiments
+
+    cfg = experiments.load_experiment("sim_eta", "ci")
+    cfg.runs[1]["seed"] = -1
+    with pytest.raises(ConfigError, match=r"run .*: config runs\[1\]\.seed: must be an integer"):
+        experiments.expand(cfg)
+    cfg = experiments.load_experiment("sim_eta", "ci")
+    cfg.name = "../out"
+    with pytest.raises(ConfigError, match="config name: must be a safe path component"):
+        experiments.expand(cfg)

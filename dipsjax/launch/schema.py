@@ -55,7 +55,7 @@ class Rule:
     def __call__(self, field: str, value: Any) -> None:
         try:
             ok = self.check(value)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, OSError):  # OSError: a path too long
             ok = False
         if not ok:
             raise ConfigError(field, self.allowed, value)
@@ -355,7 +355,7 @@ def check_launch(block: Any) -> None:
             if (platform == "cpu") != (req.get("accelerators") is None):
                 raise ConfigError(
                     f"launch.{key}.accelerators",
-                    "device ids exactly when platform is 'gpu' or 'tpu'",
+                    f"device ids exactly when launch.{key}.platform is 'gpu' or 'tpu'",
                     req.get("accelerators"),
                 )
         elif key == "learners":

@@ -2,13 +2,14 @@
 allowed set) and the cross-field rules hold, or ``dipsjax run`` refuses it with the field
 named, exit code 2, no traceback, and nothing written (issue 18, item 8)."""
 
+import copy
 import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from dipsjax.launch import config as run_config
@@ -145,10 +146,12 @@ def _usable(cfg: dict, sim) -> None:
     assert (runs / f"{cfg['name']}-20260101-000000").resolve().parent == runs
 
 
-@settings(derandomize=True, max_examples=400, deadline=None)
-@given(field=st.sampled_from(FIELDS), value=VALUES)
-def test_fuzz_every_field_is_refused_with_its_name_or_the_run_can_start(field, value):
-    cfg = run_config.load("quickstart", "ci").to_dict()
+BASE = run_config.load("quickstart", "ci").to_dict()
+
+
+def _check(field: str, value) -> str:
+    """``field = value`` in the quickstart config: refused with the field named, or usable."""
+    cfg = copy.deepcopy(BASE)
     _set(cfg, field, value)
     try:
         sim = schema.validate(cfg)
@@ -156,8 +159,24 @@ def test_fuzz_every_field_is_refused_with_its_name_or_the_run_can_start(field, v
         # The field itself, or a cross-field rule that names it (speeds: len == sim.learners).
         assert e.field == field or field in e.allowed, (field, value, str(e))
         assert str(e).startswith(f"config {e.field}: must be ")
-        return
+        return "refused"
     _usable(cfg, sim)
+    return "accepted"
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=VALUES)
+def test_fuzz_every_field_is_refused_with_its_name_or_the_run_can_start(field, value):
+    event(_check(field, value))
+
+
+def test_every_field_against_every_hostile_value():
+    for field in FIELDS:
+        outcomes = [_check(field, value) for value in HOSTILE]
+        # Each field's rule bites: nan, None, '' or a wrong type is refused for every one.
+        assert outcomes.count("refused") >= len(HOSTILE) // 2, field
+        refused = {repr(v) for v, o in zip(HOSTILE, outcomes, strict=True) if o == "refused"}
+        assert {"nan", "inf", "{}"} <= refused, field
 
 
 def test_every_field_has_a_rule():

@@ -47,7 +47,7 @@ class ConfigError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-    """A field's rule: ``check(value)`` is None when the value is allowed."""
+    """A field's rule: ``allowed`` says what is allowed, ``check(value)`` whether it is."""
 
     allowed: str
     check: Callable[[Any], bool]
@@ -69,11 +69,11 @@ def _is_real(v: Any) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
-def Int(lo: int, hi: int) -> Rule:  # noqa: N802 (a rule constructor, read as a type)
+def Int(lo: int, hi: int) -> Rule:
     return Rule(f"an integer in [{lo}, {hi}]", lambda v: _is_int(v) and lo <= v <= hi)
 
 
-def Real(lo: float, hi: float, *, open_lo: bool = False) -> Rule:  # noqa: N802
+def Real(lo: float, hi: float, *, open_lo: bool = False) -> Rule:
     left = "(" if open_lo else "["
     return Rule(
         f"a finite number in {left}{lo:g}, {hi:g}]",
@@ -81,32 +81,34 @@ def Real(lo: float, hi: float, *, open_lo: bool = False) -> Rule:  # noqa: N802
     )
 
 
-def OneOf(options: tuple[Any, ...]) -> Rule:  # noqa: N802
+def OneOf(options: tuple[Any, ...]) -> Rule:
     return Rule(
         f"one of {tuple(options)}",
         lambda v: type(v) in (str, type(None)) and v in options,
     )
 
 
-def Optional(rule: Rule) -> Rule:  # noqa: N802
+def Optional(rule: Rule) -> Rule:
     return Rule(f"None or {rule.allowed}", lambda v: v is None or rule.check(v))
 
 
-def Seq(rule: Rule, max_len: int) -> Rule:  # noqa: N802
+def Seq(rule: Rule, max_len: int) -> Rule:
     return Rule(
         f"a sequence of at most {max_len} items, each {rule.allowed}",
-        lambda v: isinstance(v, (tuple, list))
-        and len(v) <= max_len
-        and all(rule.check(x) for x in v),
+        lambda v: (
+            isinstance(v, (tuple, list)) and len(v) <= max_len and all(rule.check(x) for x in v)
+        ),
     )
 
 
-def Record(*rules: Rule) -> Rule:  # noqa: N802
+def Record(*rules: Rule) -> Rule:
     return Rule(
         "(" + ", ".join(r.allowed for r in rules) + ")",
-        lambda v: isinstance(v, (tuple, list))
-        and len(v) == len(rules)
-        and all(r.check(x) for r, x in zip(rules, v, strict=True)),
+        lambda v: (
+            isinstance(v, (tuple, list))
+            and len(v) == len(rules)
+            and all(r.check(x) for r, x in zip(rules, v, strict=True))
+        ),
     )
 
 
@@ -217,8 +219,10 @@ REQUIREMENTS: dict[str, Rule] = {
 SLURM: dict[str, Rule] = {
     "partition": Optional(WORD),
     "time": Rule(
-        "a SLURM time limit [D-]HH:MM:SS", lambda v: isinstance(v, str)
-        and re.fullmatch(r"(\d{1,3}-)?\d{1,3}:\d{2}:\d{2}", v) is not None
+        "a SLURM time limit [D-]HH:MM:SS",
+        lambda v: (
+            isinstance(v, str) and re.fullmatch(r"(\d{1,3}-)?\d{1,3}:\d{2}:\d{2}", v) is not None
+        ),
     ),
     "account": Optional(WORD),
     "python": TEXT,
@@ -235,8 +239,10 @@ KUBERNETES: dict[str, Rule] = {
     "image": TEXT,
     "namespace": Rule(
         "an RFC 1123 label (lowercase letters, digits, '-'; at most 63)",
-        lambda v: isinstance(v, str) and re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v)
-        is not None,
+        lambda v: (
+            isinstance(v, str)
+            and re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", v) is not None
+        ),
     ),
     "leader_port": PORT,
     "follower_port": PORT,
@@ -419,5 +425,3 @@ def validate(
     check_launch(cfg.get("launch"))
     check_placement(cfg.get("placement"), out.learners)
     return out
-
-

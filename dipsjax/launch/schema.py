@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dipsjax.data.corpus import BUILTIN_CORPORA
+from dipsjax.data.corpus import BUILTIN_CORPORA, corpus_documents
 from dipsjax.model.configs import CONFIG_NAMES
 from dipsjax.sim import config as sim_lib
 from dipsjax.syncer import methods as methods_lib
@@ -298,6 +298,23 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
     ),
 )
 
+def _held_out_ok(s: Mapping[str, Any]) -> bool:
+    """``validation_doc`` names a document of the corpus and leaves one to train on."""
+    if s["validation_doc"] is None:
+        return True
+    docs = corpus_documents(s["corpus"])
+    return s["validation_doc"] in docs and len(docs) > 1
+
+
+CROSS += (
+    (
+        "sim.validation_doc",
+        "None or the name of one of sim.corpus's documents (not its only one)",
+        _held_out_ok,
+        False,
+    ),
+)
+
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(sim_lib.SimConfig)}
 SEQUENCES = ("speeds", "bandwidth_gbps", "failures", "joins", "leaves")
 
@@ -336,7 +353,11 @@ def validate_sim(
         raise ConfigError(f"{where}.method", f"one of {methods} for `dipsjax {command}`", method)
     full = {**SIM_DEFAULTS, **fields}
     for name, allowed, ok, run_only in CROSS:
-        if not (run_only and plan_only) and not ok(full):
+        try:
+            holds = (run_only and plan_only) or ok(full)
+        except (TypeError, ValueError, OSError):
+            holds = False
+        if not holds:
             field = name.replace("sim.", f"{where}.", 1)
             raise ConfigError(field, allowed, full[name.split(".", 1)[1]])
     try:

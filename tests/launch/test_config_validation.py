@@ -68,6 +68,7 @@ def _run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         ("sim.corpus='/nonexistent'", "sim.corpus"),
         ("sim.seed=-1", "sim.seed"),
         ("sim.batch_size=0", "sim.batch_size"),
+        ("sim.validation_doc='nope'", "sim.validation_doc"),  # credentials/ was written
     ],
 )
 def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing(
@@ -135,6 +136,8 @@ HOSTILE = [
     "\x00",
     "a\nb",
     "/nonexistent",
+    "persuasion",
+    "emma",
     "austen",
     "tiny",
     "fp32",

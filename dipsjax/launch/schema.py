@@ -14,6 +14,7 @@ there to refuse values no run can mean (``learners=5000``, ``heartbeat_interval=
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -298,6 +299,7 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
     ),
 )
 
+
 def _held_out_ok(s: Mapping[str, Any]) -> bool:
     """``validation_doc`` names a document of the corpus and leaves one to train on."""
     if s["validation_doc"] is None:
@@ -306,12 +308,28 @@ def _held_out_ok(s: Mapping[str, Any]) -> bool:
     return s["validation_doc"] in docs and len(docs) > 1
 
 
+@functools.lru_cache(maxsize=32)
+def _num_chunks(corpus: str, chunk_len: int, validation_doc: str | None) -> int:
+    from dipsjax.data import ByteTokenizer, train_chunks
+
+    chunks = train_chunks(
+        corpus, chunk_len=chunk_len, tokenizer=ByteTokenizer(), validation_doc=validation_doc
+    )
+    return int(chunks.shape[0])
+
+
 CROSS += (
     (
         "sim.validation_doc",
         "None or the name of one of sim.corpus's documents (not its only one)",
         _held_out_ok,
         False,
+    ),
+    (
+        "sim.chunk_len",
+        "at most the training tokens of sim.corpus (a run needs one chunk at least)",
+        lambda s: _num_chunks(s["corpus"], s["chunk_len"], s["validation_doc"]) >= 1,
+        True,
     ),
 )
 

@@ -3,6 +3,7 @@ allowed set) and the cross-field rules hold, or ``dipsjax run`` refuses it with 
 named, exit code 2, no traceback, and nothing written (issue 18, item 8)."""
 
 import copy
+import functools
 import math
 import subprocess
 import sys
@@ -107,6 +108,7 @@ HOSTILE = [
     4,
     5000,
     -(2**63),
+    2**30,
     2**32,
     2**64,
     10**30,
@@ -170,6 +172,16 @@ def _set(cfg: dict, path: str, value) -> None:
     node[keys[-1]] = value
 
 
+@functools.lru_cache(maxsize=64)
+def _chunks(corpus: str, chunk_len: int, validation_doc: str | None) -> int:
+    from dipsjax.data import ByteTokenizer, train_chunks
+
+    tokens = train_chunks(
+        corpus, chunk_len=chunk_len, tokenizer=ByteTokenizer(), validation_doc=validation_doc
+    )
+    return tokens.shape[0]
+
+
 def _usable(cfg: dict, sim) -> None:
     """What a run builds from its config before it writes anything: none of it may raise."""
     import numpy as np
@@ -189,7 +201,8 @@ def _usable(cfg: dict, sim) -> None:
     Slurm(**executor_settings(cfg, "slurm", Slurm))
     Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
     RunSpec(sim, "", (), "", "runs/x", (), 0, cfg.get("heartbeat_interval", 1.0))
-    new_ledger(1, batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
+    chunks = _chunks(sim.corpus, sim.chunk_len, sim.validation_doc)  # what make_spec reads
+    new_ledger(int(chunks), batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
     np.random.default_rng(sim.seed)
     runs = ROOT / "runs"
     assert (runs / f"{cfg['name']}-20260101-000000").resolve().parent == runs

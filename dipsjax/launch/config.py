@@ -1,5 +1,6 @@
 """Run configs: ``configs/NAME.py`` with ``get_config(arg)`` (ml_collections), overridden
-from the command line, validated at load with the field named.
+from the command line, validated whole before anything is written
+(:mod:`dipsjax.launch.schema`), errors naming the field.
 
 A run config has ``name``, ``sim`` (the fields of :class:`~dipsjax.sim.config.SimConfig`),
 optionally ``heartbeat_interval``, ``placement`` (for ``--dry-run``) and ``launch`` (the
@@ -77,26 +78,15 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> Any:
 SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)}
 
 
-def sim_config(cfg: Any, method: str | None = None) -> SimConfig:
-    """The config's ``sim`` block as a validated :class:`SimConfig` (errors name the field)."""
-    if "sim" not in cfg:
-        raise ValueError("config: no 'sim' block (the SimConfig fields of the run)")
-    unknown = sorted(set(cfg) - TOP)
-    if unknown:
-        raise ValueError(f"config: unknown field {unknown[0]!r}; known {sorted(TOP)}")
-    fields = dict(cfg.sim)
-    if method:
-        fields["method"] = method
-    bad = sorted(set(fields) - SIM_FIELDS)
-    if bad:
-        raise ValueError(f"config sim.{bad[0]}: SimConfig has no such field")
-    for key in ("speeds", "bandwidth_gbps", "failures", "joins", "leaves"):
-        if key in fields:
-            fields[key] = tuple(tuple(x) if isinstance(x, list) else x for x in fields[key])
-    try:
-        return SimConfig(**fields)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"config sim: {e}") from None
+def sim_config(
+    cfg: Any, method: str | None = None, command: str = "run", plan_only: bool = False
+) -> SimConfig:
+    """The config validated whole (:func:`dipsjax.launch.schema.validate`: every field's
+    rule and the cross-field rules; :class:`~dipsjax.launch.schema.ConfigError` names the
+    field, the allowed values and the value) and its ``sim`` block as a :class:`SimConfig`."""
+    from dipsjax.launch.schema import validate
+
+    return validate(cfg, method, command, plan_only)
 
 
 def load(name: str, arg: str | None = None, overrides: list[str] | None = None) -> Any:

@@ -583,12 +583,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         print(f"resuming {args.resume}: {spec.sim.method}", flush=True)
         return _run_to_the_end(spec, resume=True)
+    # The whole config is validated before anything is written or started: a bad value
+    # is one line on stderr naming the field, and exit code 2.
     try:
         cfg = run_config.load(args.config, args.arg, args.set)
-        sim = run_config.sim_config(cfg, args.method)
+        sim = run_config.sim_config(cfg, args.method, plan_only=args.dry_run)
         requirements = requirements_from_config(cfg)
     except (FileNotFoundError, ValueError) as e:
-        parser.error(f"{args.config}: {e}")
+        print(f"{parser.prog}: error: {args.config}: {e}", file=sys.stderr, flush=True)
+        return 2
     if args.dry_run:
         from dipsjax.runtime.dryrun import format_plan, plan
 

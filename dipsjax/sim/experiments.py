@@ -52,6 +52,9 @@ def load_experiment(name_or_path: str, arg: str | None = None) -> Any:
 
 def expand(config: Any) -> list[tuple[str, SimConfig]]:
     """``[(label, SimConfig)]`` of an experiment config, validated (errors name the run)."""
+    from dipsjax.launch.schema import TOP, ConfigError, validate_sim
+
+    TOP["name"]("name", config.get("name"))  # the output folder's name: runs/NAME
     base = dict(config.get("base", {}))
     out = []
     for i, run in enumerate(config.runs):
@@ -63,12 +66,13 @@ def expand(config: Any) -> list[tuple[str, SimConfig]]:
                 merged[key] = tuple(
                     tuple(x) if isinstance(x, list | tuple) else x for x in merged[key]
                 )
+        # Every field's rule and the cross-field rules (dipsjax.launch.schema), up front:
+        # the error names the run and the field (runs[i].FIELD).
         try:
-            out.append((label, SimConfig(**merged)))
-        except TypeError as e:
-            raise ValueError(f"experiment {config.name}, run {label!r}: {e}") from e
-        except ValueError as e:
-            raise ValueError(f"experiment {config.name}, run {label!r}: {e}") from e
+            out.append((label, validate_sim(merged, "simulate", where=f"runs[{i}]")))
+        except ConfigError as e:
+            context = f"experiment {config.name}, run {label!r}: "
+            raise ConfigError(e.field, e.allowed, e.value, context) from None
     return out
 
 

@@ -1,0 +1,299 @@
+"""A run's config is validated whole, up front: every field has a rule (type, range or
+allowed set) and the cross-field rules hold, or ``dipsjax run`` refuses it with the field
+named, exit code 2, no traceback, and nothing written (issue 18, item 8)."""
+
+import copy
+import functools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from dipsjax.launch import config as run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The issue's examples: each was accepted up front (or ended in a traceback after
+# credentials/ was written). (override, field the error must name).
+ISSUE_EXAMPLES = [
+    ("sim.batch_size=0", "sim.batch_size"),
+    ("sim.outer_lr=-1.0", "sim.outer_lr"),
+    ("heartbeat_interval=1e999", "heartbeat_interval"),
+    ("sim.speeds=(1e999, 1.0, 1.0, 1.0)", "sim.speeds"),
+    ("sim.learners=5000", "sim.learners"),
+    ("sim.method='dp'", "sim.method"),
+    ("name='../../escaped'", "name"),
+    ("name='a/b'", "name"),
+    ("name='.hidden'", "name"),
+    ("name=''", "name"),
+    ("name='" + "x" * 300 + "'", "name"),
+    ("sim.corpus='/nonexistent'", "sim.corpus"),
+    ("sim.seed=-1", "sim.seed"),
+    ("sim.seed=" + str(2**64), "sim.seed"),
+    ("sim.heartbeat_interval=nan", "sim.heartbeat_interval"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), ISSUE_EXAMPLES)
+def test_the_issues_nonsense_values_are_refused_up_front_with_the_field_named(override, field):
+    if override.endswith("=nan"):
+        cfg = run_config.load("quickstart", "ci")
+        cfg.sim.heartbeat_interval = math.nan
+    else:
+        cfg = run_config.load("quickstart", "ci", [override])
+    with pytest.raises(ValueError) as info:
+        run_config.sim_config(cfg)
+    message = str(info.value)
+    assert f"config {field}: must be " in message, message
+    assert "got " in message
+
+
+def _run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dipsjax.cli", "run", "quickstart", "--arg", "ci", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("sim.corpus='/nonexistent'", "sim.corpus"),
+        ("sim.seed=-1", "sim.seed"),
+        ("sim.batch_size=0", "sim.batch_size"),
+        ("sim.validation_doc='nope'", "sim.validation_doc"),  # credentials/ was written
+    ],
+)
+def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing(
+    tmp_path, override, field
+):
+    out = tmp_path / "run"
+    proc = _run_cli(tmp_path, "--out", str(out), "--set", override)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"config {field}: must be " in lines[0]
+    assert not out.exists()  # no run folder, no credentials/
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- every field, hostile values: refused with the field named, or the run can start ----
+
+from dipsjax.launch import schema  # noqa: E402
+from dipsjax.launch.schema import ConfigError  # noqa: E402
+
+FIELDS = sorted(
+    [f"sim.{k}" for k in schema.SIM]
+    + list(schema.TOP)
+    + [f"launch.learner.{k}" for k in schema.REQUIREMENTS]
+    + [f"launch.leader.{k}" for k in ("cpus", "memory_gb")]
+    + [f"launch.slurm.{k}" for k in schema.SLURM]
+    + [f"launch.kubernetes.{k}" for k in schema.KUBERNETES]
+)
+HOSTILE = [
+    0,
+    1,
+    -1,
+    2,
+    3,
+    4,
+    5000,
+    -(2**63),
+    2**30,
+    2**32,
+    2**64,
+    10**30,
+    0.0,
+    -0.0,
+    -1.0,
+    0.5,
+    1.0,
+    1e-320,
+    1e308,
+    math.inf,
+    -math.inf,
+    math.nan,
+    True,
+    False,
+    None,
+    "",
+    "x",
+    "dips",
+    "dp",
+    "../x",
+    "/",
+    "..",
+    ".hidden",
+    "a/b",
+    "a" * 300,
+    "\x00",
+    "a\nb",
+    "/nonexistent",
+    "persuasion",
+    "emma",
+    "austen",
+    "tiny",
+    "fp32",
+    "gpu",
+    (),
+    (1.0,),
+    (math.inf, 1.0, 1.0, 1.0),
+    (1.0, 1.0, 1.0, 1.0),
+    ((0, 1.0, 2.0),),
+    ((9, 1.0),),
+    ((0, 2.0, 1.0),),
+    [],
+    {},
+    {"x": 1},
+]
+VALUES = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.lists(st.floats(min_value=-10, max_value=10), max_size=5).map(tuple),
+)
+
+
+def _set(cfg: dict, path: str, value) -> None:
+    keys = path.split(".")
+    node = cfg
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+
+
+@functools.lru_cache(maxsize=64)
+def _chunks(corpus: str, chunk_len: int, validation_doc: str | None) -> int:
+    from dipsjax.data import ByteTokenizer, train_chunks
+
+    tokens = train_chunks(
+        corpus, chunk_len=chunk_len, tokenizer=ByteTokenizer(), validation_doc=validation_doc
+    )
+    return tokens.shape[0]
+
+
+def _usable(cfg: dict, sim) -> None:
+    """What a run builds from its config before it writes anything: none of it may raise."""
+    import numpy as np
+
+    from dipsjax.data.ledger import new_ledger
+    from dipsjax.launch.cli import executor_settings
+    from dipsjax.launch.core import requirements_from_config
+    from dipsjax.launch.kubernetes import Kubernetes
+    from dipsjax.launch.slurm import Slurm
+    from dipsjax.model.configs import get_config
+    from dipsjax.runtime.spec import RunSpec
+    from dipsjax.syncer import methods as methods_lib
+
+    methods_lib.build(sim.method, sim.method_settings())
+    get_config(sim.model)
+    requirements_from_config(cfg)
+    Slurm(**executor_settings(cfg, "slurm", Slurm))
+    Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
+    RunSpec(sim, "", (), "", "runs/x", (), 0, cfg.get("heartbeat_interval", 1.0))
+    chunks = _chunks(sim.corpus, sim.chunk_len, sim.validation_doc)  # what make_spec reads
+    new_ledger(int(chunks), batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
+    np.random.default_rng(sim.seed)
+    runs = ROOT / "runs"
+    assert (runs / f"{cfg['name']}-20260101-000000").resolve().parent == runs
+
+
+BASE = run_config.load("quickstart", "ci").to_dict()
+
+
+def _check(field: str, value) -> str:
+    """``field = value`` in the quickstart config: refused with the field named, or usable."""
+    cfg = copy.deepcopy(BASE)
+    _set(cfg, field, value)
+    try:
+        sim = schema.validate(cfg)
+    except ConfigError as e:
+        # The field itself, or a cross-field rule that names it (speeds: len == sim.learners).
+        assert e.field == field or field in e.allowed, (field, value, str(e))
+        assert str(e).startswith(f"config {e.field}: must be ")
+        return "refused"
+    _usable(cfg, sim)
+    return "accepted"
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(field=st.sampled_from(FIELDS), value=VALUES)
+def test_fuzz_every_field_is_refused_with_its_name_or_the_run_can_start(field, value):
+    event(_check(field, value))
+
+
+def test_every_field_against_every_hostile_value():
+    for field in FIELDS:
+        outcomes = [_check(field, value) for value in HOSTILE]
+        # Each field's rule bites: nan, None, '' or a wrong type is refused for every one.
+        assert outcomes.count("refused") >= len(HOSTILE) // 2, field
+        refused = {repr(v) for v, o in zip(HOSTILE, outcomes, strict=True) if o == "refused"}
+        assert {"nan", "inf", "{}"} <= refused, field
+
+
+def test_every_field_has_a_rule():
+    import dataclasses
+
+    from dipsjax.launch.core import Requirements
+    from dipsjax.launch.kubernetes import Kubernetes
+    from dipsjax.launch.slurm import Slurm
+    from dipsjax.sim.config import SimConfig
+
+    for cls, table in [
+        (SimConfig, schema.SIM),
+        (Requirements, schema.REQUIREMENTS),
+        (Slurm, schema.SLURM),
+        (Kubernetes, schema.KUBERNETES),
+    ]:
+        assert {f.name for f in dataclasses.fields(cls)} == set(table), cls
+
+
+# ---- every config shipped validates ---------------------------------------------------
+
+RUN_CONFIGS = ["quickstart", "paper_1b", "paper_14b", "paper_100b"]
+SIM_CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("sim_*.py"))
+
+
+@pytest.mark.parametrize("arg", [None, "ci"])
+def test_every_shipped_config_validates(arg):
+    for name in RUN_CONFIGS:
+        cfg = run_config.load(name, arg)
+        run_config.sim_config(cfg, plan_only=name.startswith("paper"))
+    from dipsjax.sim import experiments
+
+    assert len(SIM_CONFIGS) >= 9
+    for name in SIM_CONFIGS:
+        assert experiments.expand(experiments.load_experiment(name, arg))
+    # The README's examples, the launch script's methods and the simulator's defaults.
+    readme = ["sim.learners=2", "sim.speeds=(1.0, 2.0)", "launch.learner.cpu_devices=2"]
+    run_config.sim_config(run_config.load("quickstart", arg, readme))
+    for method in ("dips", "decoupled", "sync_diloco", "naive_async"):
+        run_config.sim_config(run_config.load("quickstart", arg), method)
+    import dataclasses
+
+    from dipsjax.sim.config import SimConfig
+
+    schema.validate_sim(dataclasses.asdict(SimConfig()), "simulate")
+
+
+def test_a_bad_sim_experiment_names_the_run_and_the_field():
+    from dipsjax.sim import experiments
+
+    cfg = experiments.load_experiment("sim_eta", "ci")
+    cfg.runs[1]["seed"] = -1
+    with pytest.raises(ConfigError, match=r"run .*: config runs\[1\]\.seed: must be an integer"):
+        experiments.expand(cfg)
+    cfg = experiments.load_experiment("sim_eta", "ci")
+    cfg.name = "../out"
+    with pytest.raises(ConfigError, match="config name: must be a safe path component"):
+        experiments.expand(cfg)

@@ -2,7 +2,6 @@
 idle and unauthenticated sockets, connection caps)."""
 
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -96,8 +95,13 @@ def test_the_total_cap_holds_across_addresses():
 
 
 @pytest.mark.parametrize(
-    "bad", [dict(max_connections=0), dict(max_per_address=-1), dict(first_frame_timeout=0),
-            dict(idle_timeout=float("nan"))]
+    "bad",
+    [
+        dict(max_connections=0),
+        dict(max_per_address=-1),
+        dict(first_frame_timeout=0),
+        dict(idle_timeout=float("nan")),
+    ],
 )
 def test_bad_limits_are_refused_with_their_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
@@ -121,18 +125,20 @@ print(len(got), server.refused.get("accept", 0) > 0, flush=True)
 
 def test_descriptor_exhaustion_is_transient_and_a_client_still_connects_and_pushes():
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env={**os.environ},
+        [sys.executable, "-c", SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
     )
     try:
         port = int(proc.stdout.readline())
-        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        assert limit > 64
         socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
         fds = f"/proc/{proc.pid}/fd"
+        with open(f"/proc/{proc.pid}/limits") as f:
+            cap = next(int(x.split()[3]) for x in f if x.startswith("Max open files"))
         # the server holds as many as its limit allows; its next accept fails with EMFILE
-        assert _until(lambda: len(os.listdir(fds)) >= len(os.listdir(fds)) and
-                      any(not _closed_by_peer(s, 0.01) for s in socks))
+        assert _until(lambda: len(os.listdir(fds)) >= cap)
         time.sleep(0.3)  # let the accept loop meet EMFILE (not a measured timing)
         for s in socks:
             s.close()

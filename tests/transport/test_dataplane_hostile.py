@@ -152,3 +152,58 @@ def test_descriptor_exhaustion_is_transient_and_a_client_still_connects_and_push
     finally:
         proc.kill()
         proc.wait()
+
+
+# issue 18 item 5: a push's header is checked before its body is read
+
+
+def _reply(sock):
+    sock.settimeout(10)
+    return dp.read_frame(sock)
+
+
+def test_a_shape_whose_size_overflows_int64_is_a_refused_frame_and_the_server_serves_on():
+    f = Follower()
+    try:
+        sock = socket.create_connection(f.server.address, timeout=10)
+        # 2**32 * 2**32 wraps to 0 in int64: zero body bytes would "fit"
+        head = dp.Header(dp.PUSH, "fp32", shape=(1 << 32, 1 << 32), tensor=0, crc=1)
+        sock.sendall(head.pack())
+        header, payload, _ = _reply(sock)
+        assert header.kind == dp.ERROR and b"overflow" in bytes(payload)
+        assert f.server.refused["frame"] == 1 and f.pushes == {}
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0)]
+    finally:
+        f.server.close()
+
+
+def _expect(header):
+    if header.tensor not in PARAMS:
+        raise dp.Refusal("layout", f"tensor {header.tensor} is not on this follower")
+    if tuple(header.shape) != PARAMS[header.tensor].shape:
+        raise dp.Refusal("shape", f"tensor {header.tensor} has shape {PARAMS[0].shape}")
+
+
+@pytest.mark.parametrize(
+    "tensor, shape, kind", [(99, (1 << 28,), "layout"), (0, (1 << 28,), "shape")]
+)
+def test_a_push_announcing_a_gigabyte_is_refused_from_its_header_before_its_body(
+    tensor, shape, kind
+):
+    f = Follower(expect=_expect)
+    try:
+        sock = socket.create_connection(f.server.address, timeout=10)
+        nbytes = 4 * shape[0]  # 1 GiB of float32, never sent
+        head = dp.Header(dp.PUSH, "fp32", shape=shape, tensor=tensor, payload_len=nbytes, crc=1)
+        sock.sendall(head.pack())
+        header, payload, _ = _reply(sock)  # answered with only the header sent
+        assert header.kind == dp.ERROR and header.tensor >= dp.REFUSED
+        assert f.server.refused[kind] == 1 and f.server.stats["bytes_in"] == 0
+        assert _closed_by_peer(sock)
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0)]
+    finally:
+        f.server.close()

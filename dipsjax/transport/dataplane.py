@@ -80,6 +80,15 @@ class FrameError(ValueError):
     """A malformed, truncated, oversized or corrupted frame (the message names the problem)."""
 
 
+class Refusal(ValueError):
+    """A frame refused from its header (before its body is read); ``kind``: the refusal's
+    kind (one of ``REFUSAL_KINDS`` reaches the sender as such)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class TransferError(RuntimeError):
     """The other end refused a transfer (its ``ERROR`` message is the text); ``refused``:
     it will refuse the same push again (sending it again cannot help)."""
@@ -129,7 +138,9 @@ class Header:
 
 def expected_lengths(codec: str, shape: tuple[int, ...], block_size: int) -> tuple[int, int]:
     """``(payload_len, scales_len)`` that a tensor of ``shape`` has under ``codec``."""
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)  # Python ints: a shape cannot wrap around
+    if n >= 1 << 61:
+        raise FrameError(f"shape {tuple(shape)}: its size {n} overflows int64")
     if codec == "fp32":
         return 4 * n, 0
     if codec == "bf16":
@@ -265,12 +276,24 @@ def _recv_exact(sock: socket.socket, n: int) -> Any:
     return buf
 
 
-def read_frame(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[Header, Any, Any]:
-    """Reads one frame; checks header and body checksums. Raises :class:`FrameError`."""
+def read_header(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> Header:
+    """Reads and checks one frame's header (its body is still to be read)."""
     fixed = _recv_exact(sock, _HEAD.size + _HEAD_CRC.size).tobytes()
     header, ndim = parse_header(fixed, max_frame)
     dims = _recv_exact(sock, 8 * ndim).tobytes()
-    header = _check_header(fixed, dims, header)
+    return _check_header(fixed, dims, header)
+
+
+def read_frame(
+    sock: socket.socket,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    expect: Callable[[Header], None] | None = None,
+) -> tuple[Header, Any, Any]:
+    """Reads one frame; checks header and body checksums. Raises :class:`FrameError`;
+    ``expect(header)`` may refuse it (raising) before its body is read."""
+    header = read_header(sock, max_frame)
+    if expect is not None:
+        expect(header)
     payload = _recv_exact(sock, header.payload_len)
     scales = _recv_exact(sock, header.scales_len)
     if checksum(payload, scales) != header.crc:
@@ -404,6 +427,7 @@ class DataPlaneServer:
         max_per_address: int = 64,
         first_frame_timeout: float = 5.0,
         idle_timeout: float = 60.0,
+        expect: Callable[[Header], None] | None = None,
     ) -> None:
         for name, value in (
             ("max_connections", max_connections),
@@ -421,6 +445,9 @@ class DataPlaneServer:
         self.first_frame_timeout = float(first_frame_timeout)
         self.idle_timeout = float(idle_timeout)
         self._open: collections.Counter[str] = collections.Counter()  # peer address -> open
+        # expect(header) of each PUSH frame before its body is read: raising Refusal (or
+        # ValueError, kind "push") refuses the push and closes the connection.
+        self.expect = expect
         self.on_push = on_push
         self.ssl_context = ssl_context
         self.on_pull = on_pull
@@ -553,7 +580,7 @@ class DataPlaneServer:
                     if first:
                         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
                     try:
-                        header, payload, scales = read_frame(sock, self.max_frame)
+                        header, payload, scales = read_frame(sock, self.max_frame, self._expect)
                     except ChecksumError as e:
                         (header, payload, scales), problem = e.frame, str(e)
                     except FrameError as e:
@@ -578,10 +605,22 @@ class DataPlaneServer:
                     else:
                         self._error(sock, "frame", f"unexpected {KINDS[header.kind]} frame")
                         return
+            except Refusal as e:  # refused from a header: its body was not read, so close
+                self._error(sock, e.kind, str(e), refused=True)
             except FrameError as e:  # malformed mid-push: nothing was staged
                 self._error(sock, "frame", str(e))
             except OSError:
                 return
+
+    def _expect(self, header: Header) -> None:
+        if header.kind != PUSH or self.expect is None:
+            return
+        try:
+            self.expect(header)
+        except Refusal:
+            raise
+        except ValueError as e:
+            raise Refusal(getattr(e, "kind", "push"), str(e)) from e
 
     def _push(
         self, sock: socket.socket, first: Header, payload: Any, scales: Any, problem: str | None
@@ -596,7 +635,7 @@ class DataPlaneServer:
             yield first, payload, scales
             while True:
                 try:
-                    frame = read_frame(sock, self.max_frame)
+                    frame = read_frame(sock, self.max_frame, self._expect)
                 except ChecksumError as e:
                     problems.append(str(e))
                     kinds.append(("checksum", False))

@@ -198,8 +198,9 @@ def test_a_push_announcing_a_gigabyte_is_refused_from_its_header_before_its_body
         nbytes = 4 * shape[0]  # 1 GiB of float32, never sent
         head = dp.Header(dp.PUSH, "fp32", shape=shape, tensor=tensor, payload_len=nbytes, crc=1)
         sock.sendall(head.pack())
-        header, payload, _ = _reply(sock)  # answered with only the header sent
+        header, message, _ = _reply(sock)  # answered with only the header sent
         assert header.kind == dp.ERROR and header.tensor >= dp.REFUSED
+        assert f"tensor {tensor}".encode() in bytes(message)
         assert f.server.refused[kind] == 1 and f.server.stats["bytes_in"] == 0
         assert _closed_by_peer(sock)
         client = dp.DataPlaneClient(f.server.address, timeout=10)

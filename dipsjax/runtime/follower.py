@@ -83,6 +83,8 @@ class FollowerNode:
         else:
             raise ValueError(f"init must be 'model' or 'zeros', got {init!r}")
         shard = outer.unflatten({self.paths[i]: flat[self.paths[i]] for i in self.mine})
+        # each pushed tensor's header is checked against these before its body is read
+        self.shapes = {i: tuple(np.shape(flat[self.paths[i]])) for i in self.mine}
         method = methods.build(spec.sim.method, spec.method_settings())
         tx = method.make_tx()
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
@@ -136,6 +138,7 @@ class FollowerNode:
             host=spec.bind or host,
             port=port,
             ssl_context=spec.ssl_server(),
+            expect=self._expect,
         )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
@@ -158,6 +161,19 @@ class FollowerNode:
             if outcome != "staged":  # a resent push equal to the staged one, or a retrained one
                 self.resent[outcome] += 1
                 self._write_metrics()
+
+    def _expect(self, header: Any) -> None:
+        """A pushed tensor's header, before its body is read: one of this follower's
+        tensors, with its shape (else refused: ``layout``, ``shape``)."""
+        want = self.shapes.get(header.tensor)
+        if want is None:
+            raise PushRefused("layout", f"follower {self.k} does not hold tensor {header.tensor}")
+        if tuple(header.shape) != want:
+            raise PushRefused(
+                "shape",
+                f"follower {self.k}: tensor {header.tensor} has shape {want}, "
+                f"the push announces {tuple(header.shape)}",
+            )
 
     def _refused(self, kind: str, message: str) -> None:
         """The data plane refused something: counted in ``follower{k}/metrics.json`` and

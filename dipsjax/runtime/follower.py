@@ -114,6 +114,7 @@ class FollowerNode:
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
             ended=ended,
+            learners=spec.sim.learners,  # learner ids are 0..learners-1
         )
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32

@@ -58,6 +58,9 @@ from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
 from dipsjax.transport.dataplane import DataPlaneServer
+from dipsjax.transport.refusals import RefusalLog
+
+REFUSAL_LOG_INTERVAL = 10.0  # seconds: one log line, metrics write, TB point per kind
 
 
 class FollowerNode:
@@ -141,6 +144,11 @@ class FollowerNode:
             ssl_context=spec.ssl_server(),
             expect=self._expect,
         )
+        self.refusals = RefusalLog(
+            REFUSAL_LOG_INTERVAL,
+            emit=lambda line: print(line, flush=True),
+            prefix=f"follower {k}: ",
+        )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
         self.follower.address = self.address
@@ -177,12 +185,13 @@ class FollowerNode:
             )
 
     def _refused(self, kind: str, message: str) -> None:
-        """The data plane refused something: counted in ``follower{k}/metrics.json`` and
-        TensorBoard (``follower/refused/KIND``), and logged."""
-        print(f"follower {self.k}: refused ({kind}): {message}", flush=True)
-        self._write_metrics()
-        count = self.data.refused[kind]
-        self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
+        """The data plane refused something: counted exactly (``self.data.refused``); the
+        log line, ``follower{k}/metrics.json`` and TensorBoard (``follower/refused/KIND``)
+        at most once per kind per :data:`REFUSAL_LOG_INTERVAL` (a storm floods nothing)."""
+        if self.refusals.record(kind, message):
+            self._write_metrics()
+            count = self.data.refused[kind]
+            self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
 
     def _write_metrics(self) -> None:
         """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""
@@ -436,6 +445,7 @@ class FollowerNode:
             self.stop.set()
             self.data.close()
             self._write_metrics()
+            print(self.refusals.summary(), flush=True)
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
 

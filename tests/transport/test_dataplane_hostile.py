@@ -208,3 +208,17 @@ def test_a_push_announcing_a_gigabyte_is_refused_from_its_header_before_its_body
         assert sorted(f.pushes) == [(1, 0)]
     finally:
         f.server.close()
+
+
+def test_an_authenticated_connection_silent_past_idle_timeout_is_closed_and_counted():
+    f = Follower(idle_timeout=0.3)
+    try:
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert _until(lambda: f.server.refused["idle"] == 1)
+        assert _until(lambda: f.server.stats["open_connections"] == 0)
+        client.close()  # a learner's next transfer reconnects (it retries broken ones)
+        client.push(2, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0), (2, 0)]
+    finally:
+        f.server.close()

@@ -58,6 +58,9 @@ from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
 from dipsjax.transport.dataplane import DataPlaneServer
+from dipsjax.transport.refusals import RefusalLog
+
+REFUSAL_LOG_INTERVAL = 10.0  # seconds: one log line, metrics write, TB point per kind
 
 
 class FollowerNode:
@@ -83,6 +86,8 @@ class FollowerNode:
         else:
             raise ValueError(f"init must be 'model' or 'zeros', got {init!r}")
         shard = outer.unflatten({self.paths[i]: flat[self.paths[i]] for i in self.mine})
+        # each pushed tensor's header is checked against these before its body is read
+        self.shapes = {i: tuple(np.shape(flat[self.paths[i]])) for i in self.mine}
         method = methods.build(spec.sim.method, spec.method_settings())
         tx = method.make_tx()
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
@@ -112,6 +117,7 @@ class FollowerNode:
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
             version_cache=spec.sim.version_cache,
             ended=ended,
+            learners=spec.sim.learners,  # learner ids are 0..learners-1
         )
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
@@ -136,6 +142,12 @@ class FollowerNode:
             host=spec.bind or host,
             port=port,
             ssl_context=spec.ssl_server(),
+            expect=self._expect,
+        )
+        self.refusals = RefusalLog(
+            REFUSAL_LOG_INTERVAL,
+            emit=lambda line: print(line, flush=True),
+            prefix=f"follower {k}: ",
         )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
@@ -159,13 +171,27 @@ class FollowerNode:
                 self.resent[outcome] += 1
                 self._write_metrics()
 
+    def _expect(self, header: Any) -> None:
+        """A pushed tensor's header, before its body is read: one of this follower's
+        tensors, with its shape (else refused: ``layout``, ``shape``)."""
+        want = self.shapes.get(header.tensor)
+        if want is None:
+            raise PushRefused("layout", f"follower {self.k} does not hold tensor {header.tensor}")
+        if tuple(header.shape) != want:
+            raise PushRefused(
+                "shape",
+                f"follower {self.k}: tensor {header.tensor} has shape {want}, "
+                f"the push announces {tuple(header.shape)}",
+            )
+
     def _refused(self, kind: str, message: str) -> None:
-        """The data plane refused something: counted in ``follower{k}/metrics.json`` and
-        TensorBoard (``follower/refused/KIND``), and logged."""
-        print(f"follower {self.k}: refused ({kind}): {message}", flush=True)
-        self._write_metrics()
-        count = self.data.refused[kind]
-        self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
+        """The data plane refused something: counted exactly (``self.data.refused``); the
+        log line, ``follower{k}/metrics.json`` and TensorBoard (``follower/refused/KIND``)
+        at most once per kind per :data:`REFUSAL_LOG_INTERVAL` (a storm floods nothing)."""
+        if self.refusals.record(kind, message):
+            self._write_metrics()
+            count = self.data.refused[kind]
+            self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
 
     def _write_metrics(self) -> None:
         """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""
@@ -419,6 +445,7 @@ class FollowerNode:
             self.stop.set()
             self.data.close()
             self._write_metrics()
+            print(self.refusals.summary(), flush=True)
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
 

@@ -105,9 +105,21 @@ class Follower:
         opt_state: Any = None,
         version_cache: int = 8,
         ended: Iterable[Sequence[int]] = (),
+        learners: int | None = None,
+        refuse_nonfinite: bool = False,
     ) -> None:
         """``ended``: rounds that ended before a restart, as ``[first, last]`` ranges (what
-        :meth:`ended_rounds` gave, kept in the checkpoint): pushes for them are replays."""
+        :meth:`ended_rounds` gave, kept in the checkpoint): pushes for them are replays.
+        ``learners``: the job's learner count (a push from an id outside ``[0, learners)``
+        is refused; ``None``: any id >= 0). ``refuse_nonfinite`` (extension, off by default:
+        the papers stage any value): a push holding NaN or Inf is refused."""
+        if learners is not None and learners < 1:
+            raise ValueError(f"learners must be >= 1, got {learners}")
+        self.learners = learners
+        self.refuse_nonfinite = bool(refuse_nonfinite)
+        # Pushes refused, by kind (learner, round, layout, shape, incarnation, replayed,
+        # nonfinite): the driver puts them in the follower's metrics.
+        self.refused: collections.Counter[str] = collections.Counter()
         if reference not in REFERENCES:
             raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
         if capacity < 1:
@@ -188,7 +200,23 @@ class Follower:
         for the same round and learner (a dead process's late push; a newer one replaces
         it), or for a round whose norms were already taken or that is over (a replay: one
         it saw end, or one older than a round the leader asked it about since)."""
+        try:
+            return self._receive(round_id, learner, payload, incarnation)
+        except PushRefused as e:
+            self.refused[e.kind] += 1
+            raise
+
+    def _receive(
+        self, round_id: int, learner: int, payload: Mapping[str, Any], incarnation: int
+    ) -> str:
         me = f"follower {self.follower_id}"
+        if round_id < 0:
+            raise PushRefused("round", f"{me}: round {round_id} is negative: push refused")
+        if learner < 0 or (self.learners is not None and learner >= self.learners):
+            known = "any id >= 0" if self.learners is None else f"0..{self.learners - 1}"
+            raise PushRefused(
+                "learner", f"{me}: learner {learner} is not in the job ({known}): push refused"
+            )
         if round_id in self._batch or round_id in self._done or round_id < self._newest:
             state = "already taken its norms" if round_id in self._batch else "ended"
             raise PushRefused(
@@ -217,6 +245,13 @@ class Follower:
                     "shape",
                     f"{me}: learner {learner} sent {path} with shape "
                     f"{tuple(np.shape(x))}, expected {tuple(want[path].shape)}",
+                )
+        if self.refuse_nonfinite:
+            bad = [p for p, x in got.items() if not np.isfinite(np.asarray(x, np.float32)).all()]
+            if bad:
+                raise PushRefused(
+                    "nonfinite",
+                    f"{me}: learner {learner}'s push holds non-finite values in {bad[:3]}",
                 )
         key = (round_id, learner)
         outcome = "staged"

@@ -39,6 +39,8 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import logging
+import math
 import queue
 import socket
 import ssl
@@ -76,6 +78,15 @@ _DIM = struct.Struct("<Q")
 
 class FrameError(ValueError):
     """A malformed, truncated, oversized or corrupted frame (the message names the problem)."""
+
+
+class Refusal(ValueError):
+    """A frame refused from its header (before its body is read); ``kind``: the refusal's
+    kind (one of ``REFUSAL_KINDS`` reaches the sender as such)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TransferError(RuntimeError):
@@ -127,7 +138,9 @@ class Header:
 
 def expected_lengths(codec: str, shape: tuple[int, ...], block_size: int) -> tuple[int, int]:
     """``(payload_len, scales_len)`` that a tensor of ``shape`` has under ``codec``."""
-    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    n = math.prod(shape)  # Python ints: a shape cannot wrap around
+    if n >= 1 << 61:
+        raise FrameError(f"shape {tuple(shape)}: its size {n} overflows int64")
     if codec == "fp32":
         return 4 * n, 0
     if codec == "bf16":
@@ -263,12 +276,24 @@ def _recv_exact(sock: socket.socket, n: int) -> Any:
     return buf
 
 
-def read_frame(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[Header, Any, Any]:
-    """Reads one frame; checks header and body checksums. Raises :class:`FrameError`."""
+def read_header(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> Header:
+    """Reads and checks one frame's header (its body is still to be read)."""
     fixed = _recv_exact(sock, _HEAD.size + _HEAD_CRC.size).tobytes()
     header, ndim = parse_header(fixed, max_frame)
     dims = _recv_exact(sock, 8 * ndim).tobytes()
-    header = _check_header(fixed, dims, header)
+    return _check_header(fixed, dims, header)
+
+
+def read_frame(
+    sock: socket.socket,
+    max_frame: int = DEFAULT_MAX_FRAME,
+    expect: Callable[[Header], None] | None = None,
+) -> tuple[Header, Any, Any]:
+    """Reads one frame; checks header and body checksums. Raises :class:`FrameError`;
+    ``expect(header)`` may refuse it (raising) before its body is read."""
+    header = read_header(sock, max_frame)
+    if expect is not None:
+        expect(header)
     payload = _recv_exact(sock, header.payload_len)
     scales = _recv_exact(sock, header.scales_len)
     if checksum(payload, scales) != header.crc:
@@ -372,6 +397,9 @@ def _pipelined(items: Iterable[Any], fn: Callable[[Any], Any], depth: int = 2) -
 
 # -------------------------------------------------------------------------- server
 
+_log = logging.getLogger(__name__)
+ACCEPT_BACKOFF = (0.01, 1.0)  # seconds: first and longest wait after a failed accept
+
 PushHandler = Callable[[int, int, int, int, dict[int, np.ndarray]], None]
 PullHandler = Callable[[int], tuple[int, dict[int, Any]]]
 
@@ -395,13 +423,44 @@ class DataPlaneServer:
         max_frame: int = DEFAULT_MAX_FRAME,
         pull_codec: str = "bf16",
         ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = 256,
+        max_per_address: int = 64,
+        first_frame_timeout: float = 5.0,
+        idle_timeout: float = 60.0,
+        expect: Callable[[Header], None] | None = None,
     ) -> None:
+        for name, value in (
+            ("max_connections", max_connections),
+            ("max_per_address", max_per_address),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name, value in (
+            ("first_frame_timeout", first_frame_timeout),
+            ("idle_timeout", idle_timeout),
+        ):
+            if not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        self.max_connections, self.max_per_address = max_connections, max_per_address
+        self.first_frame_timeout = float(first_frame_timeout)
+        self.idle_timeout = float(idle_timeout)
+        self._open: collections.Counter[str] = collections.Counter()  # peer address -> open
+        # expect(header) of each PUSH frame before its body is read: raising Refusal (or
+        # ValueError, kind "push") refuses the push and closes the connection.
+        self.expect = expect
         self.on_push = on_push
         self.ssl_context = ssl_context
         self.on_pull = on_pull
         self.max_frame = max_frame
         self.pull_codec = pull_codec
-        self.stats = {"pushes": 0, "pulls": 0, "bytes_in": 0, "bytes_out": 0, "errors": 0}
+        self.stats = {
+            "pushes": 0,
+            "pulls": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+            "errors": 0,
+            "open_connections": 0,
+        }
         self.errors: list[str] = []
         # Refusals by kind: tls, frame (malformed, truncated, oversized), checksum, and the
         # push handler's (its ValueError's ``kind``, else "push"); pulls refused: "pull".
@@ -435,32 +494,93 @@ class DataPlaneServer:
                 self.on_refusal(kind, message)
 
     def _serve(self) -> None:
+        """Accepts until closed. Running out of descriptors, buffers or memory (or a peer
+        that left before its accept) is transient: counted as refusal ``accept``, logged at
+        most once a second, then accepting goes on after a back-off (10 ms doubling to 1 s)."""
+        delay = ACCEPT_BACKOFF[0]
+        last_log = -math.inf
         while not self._closed.is_set():
             try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = threading.Thread(target=self._connection, args=(conn,), daemon=True)
-            t.start()
-            self._threads.append(t)
+                conn, peer = self._sock.accept()
+            except OSError as e:
+                if self._closed.is_set():
+                    return
+                with self._lock:
+                    self.refused["accept"] += 1
+                now = time.monotonic()
+                if now - last_log >= 1.0:
+                    last_log = now
+                    _log.warning("data plane: accept failed (%s), backing off %.2f s", e, delay)
+                self._closed.wait(delay)
+                delay = min(delay * 2, ACCEPT_BACKOFF[1])
+                continue
+            delay = ACCEPT_BACKOFF[0]
+            ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+            with self._lock:
+                over = (
+                    self.stats["open_connections"] >= self.max_connections
+                    or self._open[ip] >= self.max_per_address
+                )
+                if not over:
+                    self._open[ip] += 1
+                    self.stats["open_connections"] += 1
+            if over:  # counted before it is closed: the peer sees the count
+                self._error(None, "cap", f"connection from {ip} over the connection caps")
+                with contextlib.suppress(OSError):
+                    conn.close()
+                continue
+            try:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                t = threading.Thread(target=self._connection, args=(conn, ip), daemon=True)
+                t.start()
+            except (OSError, RuntimeError) as e:  # no thread to be had: transient as well
+                self._release(ip)
+                with contextlib.suppress(OSError):
+                    conn.close()
+                self._error(None, "accept", f"connection from {ip} dropped: {e}")
+                continue
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
-    def _connection(self, sock: socket.socket) -> None:
+    def _release(self, ip: str) -> None:
+        with self._lock:
+            self._open[ip] -= 1
+            if self._open[ip] <= 0:
+                del self._open[ip]
+            self.stats["open_connections"] -= 1
+
+    def _connection(self, sock: socket.socket, ip: str = "") -> None:
+        try:
+            self._converse(sock)
+        finally:
+            with contextlib.suppress(OSError):
+                sock.close()
+            self._release(ip)
+
+    def _converse(self, sock: socket.socket) -> None:
+        """One connection: TLS (if any) and its first frame within ``first_frame_timeout``;
+        then frames until the peer hangs up or is silent for ``idle_timeout``."""
+        deadline = time.monotonic() + self.first_frame_timeout
+        sock.settimeout(self.first_frame_timeout)
         if self.ssl_context is not None:
             try:  # in this connection's thread: a slow or bad handshake holds no one else
-                sock.settimeout(30.0)
                 sock = self.ssl_context.wrap_socket(sock, server_side=True)
-                sock.settimeout(None)
+            except TimeoutError:
+                self._error(None, "first_frame", "no TLS handshake within the first-frame deadline")
+                sock.close()
+                return
             except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
                 self._error(None, "tls", f"TLS handshake refused: {e}")
                 sock.close()
                 return
+        first = True
         with sock:
             try:
                 while not self._closed.is_set():
                     problem = None
+                    if first:
+                        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
                     try:
-                        header, payload, scales = read_frame(sock, self.max_frame)
+                        header, payload, scales = read_frame(sock, self.max_frame, self._expect)
                     except ChecksumError as e:
                         (header, payload, scales), problem = e.frame, str(e)
                     except FrameError as e:
@@ -468,6 +588,13 @@ class DataPlaneServer:
                             return  # the peer hung up between frames
                         self._error(sock, "frame", str(e))
                         return
+                    except TimeoutError:
+                        kind = "first_frame" if first else "idle"
+                        self._error(None, kind, f"connection silent past its {kind} deadline")
+                        return
+                    if first:
+                        first = False
+                    sock.settimeout(self.idle_timeout)
                     self._count("bytes_in", len(payload) + len(scales))
                     if header.kind == PUSH:
                         self._push(sock, header, payload, scales, problem)
@@ -478,10 +605,22 @@ class DataPlaneServer:
                     else:
                         self._error(sock, "frame", f"unexpected {KINDS[header.kind]} frame")
                         return
+            except Refusal as e:  # refused from a header: its body was not read, so close
+                self._error(sock, e.kind, str(e), refused=True)
             except FrameError as e:  # malformed mid-push: nothing was staged
                 self._error(sock, "frame", str(e))
             except OSError:
                 return
+
+    def _expect(self, header: Header) -> None:
+        if header.kind != PUSH or self.expect is None:
+            return
+        try:
+            self.expect(header)
+        except Refusal:
+            raise
+        except ValueError as e:
+            raise Refusal(getattr(e, "kind", "push"), str(e)) from e
 
     def _push(
         self, sock: socket.socket, first: Header, payload: Any, scales: Any, problem: str | None
@@ -496,7 +635,7 @@ class DataPlaneServer:
             yield first, payload, scales
             while True:
                 try:
-                    frame = read_frame(sock, self.max_frame)
+                    frame = read_frame(sock, self.max_frame, self._expect)
                 except ChecksumError as e:
                     problems.append(str(e))
                     kinds.append(("checksum", False))

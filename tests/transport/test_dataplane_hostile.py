@@ -1,0 +1,224 @@
+"""issue 18 item 1: a data-plane server degrades instead of dying (descriptor exhaustion,
+idle and unauthenticated sockets, connection caps)."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dipsjax.transport import dataplane as dp
+
+PARAMS = {i: np.full((8, 4), i, np.float32) for i in range(2)}
+
+
+class Follower:
+    def __init__(self, **kw):
+        self.pushes = {}
+        self.server = dp.DataPlaneServer(self.on_push, self.on_pull, **kw)
+
+    def on_push(self, round_id, learner, incarnation, base, tensors):
+        self.pushes[round_id, learner] = tensors
+
+    def on_pull(self, version):
+        return 5, PARAMS
+
+
+def _closed_by_peer(sock, within=10.0):
+    """True once the server closed ``sock`` (EOF or reset), False if still open."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _until(predicate, within=10.0):
+    deadline = time.monotonic() + within
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_an_unauthenticated_silent_connection_is_closed_after_the_first_frame_deadline():
+    f = Follower(first_frame_timeout=0.3)
+    try:
+        idle = socket.create_connection(f.server.address, timeout=10)
+        assert _closed_by_peer(idle)
+        assert f.server.refused["first_frame"] == 1
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0)]
+        assert f.server.refused["first_frame"] == 1  # a legit client is not refused
+        client.close()
+    finally:
+        f.server.close()
+
+
+def test_idle_sockets_beyond_the_caps_are_closed_at_once_counted_and_a_client_is_served():
+    f = Follower(max_connections=6, max_per_address=4, first_frame_timeout=30.0)
+    try:
+        held = [socket.create_connection(f.server.address, timeout=10) for _ in range(4)]
+        assert _until(lambda: f.server.stats["open_connections"] == 4)
+        extra = [socket.create_connection(f.server.address, timeout=10) for _ in range(3)]
+        assert all(_closed_by_peer(s) for s in extra)  # the per-address cap (4)
+        assert f.server.refused["cap"] == 3
+        assert not _closed_by_peer(held[0], within=0.2)  # the held ones stay open
+        for s in held:
+            s.close()
+        assert _until(lambda: f.server.stats["open_connections"] == 0)
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(2, 1, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(2, 1)]
+        client.close()
+    finally:
+        f.server.close()
+
+
+def test_the_total_cap_holds_across_addresses():
+    f = Follower(max_connections=3, max_per_address=64)
+    try:
+        held = [socket.create_connection(f.server.address, timeout=10) for _ in range(3)]
+        assert _until(lambda: f.server.stats["open_connections"] == 3)
+        extra = socket.create_connection(f.server.address, timeout=10)
+        assert _closed_by_peer(extra)
+        assert f.server.refused["cap"] == 1 and f.server.stats["open_connections"] == 3
+        for s in held:
+            s.close()
+    finally:
+        f.server.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_connections=0),
+        dict(max_per_address=-1),
+        dict(first_frame_timeout=0),
+        dict(idle_timeout=float("nan")),
+    ],
+)
+def test_bad_limits_are_refused_with_their_name(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        dp.DataPlaneServer(lambda *a: None, lambda v: (0, {}), **bad)
+
+
+SERVER = r"""
+import resource, sys, time
+import numpy as np
+from dipsjax.transport import dataplane as dp
+got = []
+server = dp.DataPlaneServer(lambda r, l, i, b, t: got.append((r, l)), lambda v: (0, {}))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+import os
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir('/proc/self/fd')) + 6, hard))
+print(server.address[1], flush=True)
+sys.stdin.readline()
+print(len(got), server.refused.get("accept", 0) > 0, flush=True)
+"""
+
+
+def test_descriptor_exhaustion_is_transient_and_a_client_still_connects_and_pushes():
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
+    try:
+        port = int(proc.stdout.readline())
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+        fds = f"/proc/{proc.pid}/fd"
+        with open(f"/proc/{proc.pid}/limits") as f:
+            cap = next(int(x.split()[3]) for x in f if x.startswith("Max open files"))
+        # the server holds as many as its limit allows; its next accept fails with EMFILE
+        assert _until(lambda: len(os.listdir(fds)) >= cap)
+        time.sleep(0.3)  # let the accept loop meet EMFILE (not a measured timing)
+        for s in socks:
+            s.close()
+        client = dp.DataPlaneClient(("127.0.0.1", port), timeout=10, connect_timeout=10)
+        client.push(4, 2, 0, 0, PARAMS.items())
+        client.close()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        pushed, saw_emfile = proc.stdout.readline().split()
+        assert int(pushed) == 1 and saw_emfile == "True"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# issue 18 item 5: a push's header is checked before its body is read
+
+
+def _reply(sock):
+    sock.settimeout(10)
+    return dp.read_frame(sock)
+
+
+def test_a_shape_whose_size_overflows_int64_is_a_refused_frame_and_the_server_serves_on():
+    f = Follower()
+    try:
+        sock = socket.create_connection(f.server.address, timeout=10)
+        # 2**32 * 2**32 wraps to 0 in int64: zero body bytes would "fit"
+        head = dp.Header(dp.PUSH, "fp32", shape=(1 << 32, 1 << 32), tensor=0, crc=1)
+        sock.sendall(head.pack())
+        header, payload, _ = _reply(sock)
+        assert header.kind == dp.ERROR and b"overflow" in bytes(payload)
+        assert f.server.refused["frame"] == 1 and f.pushes == {}
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0)]
+    finally:
+        f.server.close()
+
+
+def _expect(header):
+    if header.tensor not in PARAMS:
+        raise dp.Refusal("layout", f"tensor {header.tensor} is not on this follower")
+    if tuple(header.shape) != PARAMS[header.tensor].shape:
+        raise dp.Refusal("shape", f"tensor {header.tensor} has shape {PARAMS[0].shape}")
+
+
+@pytest.mark.parametrize(
+    "tensor, shape, kind", [(99, (1 << 28,), "layout"), (0, (1 << 28,), "shape")]
+)
+def test_a_push_announcing_a_gigabyte_is_refused_from_its_header_before_its_body(
+    tensor, shape, kind
+):
+    f = Follower(expect=_expect)
+    try:
+        sock = socket.create_connection(f.server.address, timeout=10)
+        nbytes = 4 * shape[0]  # 1 GiB of float32, never sent
+        head = dp.Header(dp.PUSH, "fp32", shape=shape, tensor=tensor, payload_len=nbytes, crc=1)
+        sock.sendall(head.pack())
+        header, message, _ = _reply(sock)  # answered with only the header sent
+        assert header.kind == dp.ERROR and header.tensor >= dp.REFUSED
+        assert f"tensor {tensor}".encode() in bytes(message)
+        assert f.server.refused[kind] == 1 and f.server.stats["bytes_in"] == 0
+        assert _closed_by_peer(sock)
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0)]
+    finally:
+        f.server.close()
+
+
+def test_an_authenticated_connection_silent_past_idle_timeout_is_closed_and_counted():
+    f = Follower(idle_timeout=0.3)
+    try:
+        client = dp.DataPlaneClient(f.server.address, timeout=10)
+        client.push(1, 0, 0, 0, PARAMS.items())
+        assert _until(lambda: f.server.refused["idle"] == 1)
+        assert _until(lambda: f.server.stats["open_connections"] == 0)
+        client.close()  # a learner's next transfer reconnects (it retries broken ones)
+        client.push(2, 0, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(1, 0), (2, 0)]
+    finally:
+        f.server.close()

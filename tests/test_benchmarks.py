@@ -227,3 +227,21 @@ def test_chaos_tiny(tmp_path):
     for role in ("follower", "learner"):  # detected before (or as) it recovered
         assert 0 <= fig[f"chaos_{role}_detect_s"] <= fig[f"chaos_{role}_recover_s"]
     assert 0 < fig["chaos_participation"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_hostile_tiny(tmp_path):
+    # A short calm window and a short attack window on a live job, then a learner killed
+    # under attack. Exact counts: nothing forged or replayed taken, the learner back, the
+    # run at its budget with nothing lost, every refusal counted by the side that refused.
+    fig = run_benchmark("hostile", "--tiny", timeout=600, tmp_path=tmp_path)
+    assert fig["hostile_accepted"] == 0
+    assert fig["hostile_probe_failures"] == 0
+    assert fig["hostile_learners_back"] == 1.0
+    assert fig["hostile_run_finished"] == 1
+    assert fig["hostile_tokens_lost"] == 0
+    assert fig["hostile_batches_lost_or_twice"] == 0
+    assert fig["hostile_refused_follower_tls"] > 0  # half-open handshakes, counted
+    assert fig["hostile_refused_follower_frame"] > 0  # malformed frames, counted
+    assert fig["hostile_throughput_ratio"] > 0 and fig["hostile_control_p99_ms"] > 0

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -37,6 +38,7 @@ from typing import Any
 from dipsjax.launch import config as run_config
 from dipsjax.launch.core import Experiment, requirements_from_config, role_jobs
 from dipsjax.launch.local import Local
+from dipsjax.runtime import permissions
 from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, write_json
@@ -72,11 +74,14 @@ def make_spec(
     from dipsjax.runtime.client import model_fingerprint, model_layout
     from dipsjax.syncer.schedule import assign_layers
 
+    permissions.private()  # the run's files are its owner's alone (or its group's)
+    if credentials is not None:
+        # Names what is missing or readable by others now, before anything is written.
+        load_credentials(credentials)
+    permissions.make_dir(run_dir)
     probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval)
     if credentials is None:
         credentials = create_credentials(Path(run_dir) / "credentials").directory
-    else:
-        load_credentials(credentials)  # names what is missing now, not in every process
     paths, params = model_layout(probe)
     flat = outer.flatten(params)
     fingerprint = model_fingerprint({p: (np.shape(flat[p]), flat[p].dtype) for p in paths})
@@ -375,8 +380,8 @@ def launch(
     returns the tape's summary. ``experiment``: its jobs (default: ``role_jobs(spec)``, one
     CPU device a learner). With ``resume``, every process restarts from its newest
     checkpoint in ``spec.run_dir`` (followers from the leader's version)."""
-    run_dir = Path(spec.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    permissions.private()  # every process it starts inherits the umask
+    run_dir = permissions.make_dir(spec.run_dir)
     spec.write(run_dir / "spec.json")
     jobs_path = run_dir / "jobs.json"
     if experiment is None:
@@ -550,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
         "in RUN_DIR/credentials)",
     )
     parser.add_argument(
+        "--group-access",
+        action="store_true",
+        help="the run folder readable by your group (0750/0640; default: yours alone, "
+        "0700/0600; or DIPSJAX_GROUP_ACCESS=1); the credentials stay yours alone",
+    )
+    parser.add_argument(
         "--resume",
         default=None,
         metavar="RUN_DIR",
@@ -574,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         "plan, placement) and start nothing",
     )
     args = parser.parse_args(argv)
+    if args.group_access:  # the role processes inherit it
+        os.environ[permissions.GROUP_ACCESS_ENV] = "1"
     if args.resume and args.executor != "local":
         parser.error(f"--resume: the {args.executor} executor resumes through its own restarts")
     if args.resume:
@@ -611,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.config}: {e}")
     try:
         spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, PermissionError) as e:
         parser.error(str(e))
     print(
         f"run {run_dir}: {sim.method}, {sim.learners} learners, {len(spec.followers)} "

@@ -191,6 +191,10 @@ def load(directory: str | Path) -> Credentials:
             f"credentials: {d} lacks {', '.join(missing)} "
             "(make them with `dipsjax credentials DIR`)"
         )
+    from dipsjax.runtime.permissions import check_secret
+
+    for secret in (d, d / "key.pem", d / "token"):
+        check_secret(secret)  # a key or token others may read is refused, with the fix
     token = (d / "token").read_text().strip()
     if len(token) < 32:
         raise ValueError(f"credentials: {d / 'token'} holds a token shorter than 32 characters")

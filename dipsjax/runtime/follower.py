@@ -51,6 +51,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
+from dipsjax.runtime import permissions
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds, write_json
@@ -451,6 +452,7 @@ class FollowerNode:
 
 
 def main(argv: list[str] | None = None) -> int:
+    permissions.private()  # what this process writes is its owner's alone
     parser = argparse.ArgumentParser(prog="dipsjax-follower", description=__doc__)
     parser.add_argument("spec")
     parser.add_argument("index", type=int)

@@ -50,6 +50,7 @@ from typing import Any
 import grpc
 
 from dipsjax.data.ledger import new_ledger
+from dipsjax.runtime import permissions
 from dipsjax.runtime.client import TOKEN_KEY, keepalive_options
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
@@ -724,6 +725,7 @@ async def serve(
 
 
 def main(argv: list[str] | None = None) -> int:
+    permissions.private()  # what this process writes is its owner's alone
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
     parser.add_argument("--resume", action="store_true", help="restart from its snapshot")

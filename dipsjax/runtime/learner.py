@@ -70,6 +70,7 @@ from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
 from dipsjax.learner.contribution import push_meta
 from dipsjax.model.configs import get_config
+from dipsjax.runtime import permissions
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
@@ -781,6 +782,7 @@ def serve_partition(spec: RunSpec, j: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    permissions.private()  # what this process writes is its owner's alone
     parser = argparse.ArgumentParser(prog="dipsjax-learner", description=__doc__)
     parser.add_argument("spec")
     parser.add_argument("index", type=int)

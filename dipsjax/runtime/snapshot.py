@@ -98,6 +98,9 @@ def take(run_dir: str | Path, dest: str | Path, attempts: int = 5) -> dict[str, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from dipsjax.runtime import permissions
+
+    permissions.private()  # the snapshot holds the model: its owner's alone
     parser = argparse.ArgumentParser(
         prog="dipsjax snapshot",
         description="Take a consistent snapshot of a running job (leader metadata and every "

@@ -37,6 +37,7 @@ import grpc
 import ml_dtypes
 import numpy as np
 
+from dipsjax.runtime import permissions
 from dipsjax.runtime.client import ControlClient, booked, in_parallel
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
@@ -390,6 +391,7 @@ def launch_load(
 
 
 def main(argv: list[str] | None = None) -> int:
+    permissions.private()  # what this process writes is its owner's alone
     parser = argparse.ArgumentParser(prog="dipsjax-standin", description=__doc__)
     parser.add_argument("spec")
     parser.add_argument("first", type=int)

@@ -159,4 +159,4 @@ def test_the_launch_script_writes_a_valid_jobset_for_a_config(tmp_path):
         text=True,
         check=False,
     )
-    assert bad.returncode == 2 and "launch.kubernetes.imag: unknown" in bad.stderr
+    assert bad.returncode == 2 and "launch.kubernetes.imag: must be a known field" in bad.stderr

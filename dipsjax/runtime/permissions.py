@@ -1,0 +1,61 @@
+"""Who may read a run's files: its owner alone by default (issue 18 item 2).
+
+A run folder holds the model (``final.npz``, ``v*.npz``, orbax shards), the tape, snapshots
+and logs. Every process of a run sets the umask :func:`private` gives, so what it creates
+is ``0700`` (folders) and ``0600`` (files); with group access (``dipsjax run
+--group-access``, or ``DIPSJAX_GROUP_ACCESS=1`` in the environment, which the role
+processes inherit) ``0750`` and ``0640``. The credentials are always the owner's alone,
+and :func:`check_secret` refuses a key or token others may read."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+#: The environment variable that grants the owner's group read access to run folders.
+GROUP_ACCESS_ENV = "DIPSJAX_GROUP_ACCESS"
+
+
+def group_access() -> bool:
+    """Whether run folders are readable by the owner's group (``DIPSJAX_GROUP_ACCESS=1``)."""
+    return os.environ.get(GROUP_ACCESS_ENV, "") == "1"
+
+
+def umask() -> int:
+    """The umask of a run's processes: ``0o077`` (the owner alone), or ``0o027`` with group
+    access (the group may read, never write)."""
+    return 0o027 if group_access() else 0o077
+
+
+def private() -> int:
+    """Sets this process's umask to :func:`umask` (every process of a run calls it first);
+    returns the previous one."""
+    return os.umask(umask())
+
+
+def make_dir(path: str | Path) -> Path:
+    """``path`` (and its missing parents) as a run folder: ``0700``, or ``0750`` with group
+    access, whatever the umask was when it was made."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    p.chmod(0o750 if group_access() else 0o700)
+    return p
+
+
+def check_secret(path: str | Path) -> None:
+    """Raises ``PermissionError`` naming ``path``, its mode and the fix when anyone but its
+    owner may read or write it (a key or a token), or when it is a folder others may write."""
+    p = Path(path)
+    mode = stat.S_IMODE(p.stat().st_mode)
+    if p.is_dir():
+        if mode & 0o022:
+            raise PermissionError(
+                f"credentials: {p} is writable by others (mode {mode:04o}): `chmod 700 {p}`"
+            )
+        return
+    if mode & 0o077:
+        raise PermissionError(
+            f"credentials: {p} may be read by others (mode {mode:04o}): the key and the "
+            f"token must be the owner's alone: `chmod 600 {p}`"
+        )

@@ -1,0 +1,77 @@
+"""Who may read a run's files (issue 18 item 2): the owner alone by default, the group on
+request, and credentials that others may read are refused before anything is written.
+The walk over a whole real run's folder is in ``test_local_run.py``
+(``assert_private``)."""
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from dipsjax.launch import run as run_mod
+from dipsjax.runtime import credentials, permissions
+from dipsjax.sim.config import SimConfig
+
+
+@pytest.fixture(autouse=True)
+def _umask(monkeypatch):
+    monkeypatch.delenv(permissions.GROUP_ACCESS_ENV, raising=False)
+    old = os.umask(0o022)  # as on a usual machine: what the code sets must show
+    yield
+    os.umask(old)
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Every file's and folder's mode under ``root`` (``root`` itself included)."""
+    return {str(p.relative_to(root)): _mode(p) for p in [root, *root.rglob("*")]}
+
+
+@pytest.mark.parametrize("loose", ["token", "key.pem"])
+def test_credentials_others_may_read_are_refused_naming_the_file_and_the_fix(
+    tmp_path, capsys, loose
+):
+    made = credentials.create(tmp_path / "creds")
+    (tmp_path / "creds" / loose).chmod(0o644)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        run_mod.main(
+            ["quickstart", "--arg", "ci", "--credentials", made.directory, "--out", str(out)]
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    path = tmp_path / "creds" / loose
+    assert f"{path} may be read by others (mode 0644)" in err
+    assert f"`chmod 600 {path}`" in err and "Traceback" not in err
+    assert not out.exists()  # nothing written first
+    # A credentials folder others may write is refused too.
+    (tmp_path / "creds" / loose).chmod(0o600)
+    (tmp_path / "creds").chmod(0o777)
+    with pytest.raises(PermissionError, match=r"writable by others.*chmod 700"):
+        credentials.load.__wrapped__(tmp_path / "creds")
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["owner", "group"])
+def test_a_run_folder_is_the_owners_alone_or_its_groups_and_credentials_always_private(
+    tmp_path, monkeypatch, group
+):
+    if group:
+        monkeypatch.setenv(permissions.GROUP_ACCESS_ENV, "1")
+    sim = SimConfig(learners=1, followers=1)
+    spec = run_mod.make_spec(sim, tmp_path / "run", heartbeat_interval=1.0)
+    spec.write(Path(spec.run_dir) / "spec.json")
+    (Path(spec.run_dir) / "leader").mkdir()  # as a role process makes its folder
+    (Path(spec.run_dir) / "leader" / "final.npz").write_bytes(b"weights")
+    got = modes(Path(spec.run_dir))
+    creds = {k: v for k, v in got.items() if k.startswith("credentials")}
+    rest = {k: v for k, v in got.items() if not k.startswith("credentials")}
+    assert set(creds) == {"credentials", *(f"credentials/{f}" for f in credentials.FILES)}
+    # The key and token are the owner's alone whatever the group may read.
+    assert creds["credentials"] == 0o700
+    assert creds["credentials/key.pem"] == creds["credentials/token"] == 0o600
+    dirs, files = (0o750, 0o640) if group else (0o700, 0o600)
+    assert rest == {".": dirs, "spec.json": files, "leader": dirs, "leader/final.npz": files}

@@ -8,3 +8,11 @@
 Each role checkpoints and resumes; the launchers (local, SLURM, Kubernetes) are in
 :mod:`dipsjax.launch`.
 """
+
+import os as _os
+
+# gRPC's core logs every refused TLS handshake at INFO, one line each and uncounted: a
+# storm of them would flood a role's log (issue 18 item 7). Unless the user asks for more,
+# only its errors are logged; the data plane counts and rate-limits its own refusals
+# (dipsjax.transport.refusals). Set before any runtime module imports grpc.
+_os.environ.setdefault("GRPC_VERBOSITY", "ERROR")

@@ -144,3 +144,45 @@ def test_the_credential_is_checked_before_the_request_is_parsed_and_bad_bytes_ar
     learner.call(m.LearnerFailed(0.0, 0, "x" * (900 << 10)))
     tape = (Path(spec.run_dir) / "tape.jsonl").read_text()
     assert len(tape) < 10_000 and f"[{(900 << 10) - 1024} more bytes cut]" in tape
+
+
+def test_refused_tls_handshakes_do_not_write_a_line_each_to_a_roles_log(tmp_path):
+    """gRPC's core logged every refused handshake (one INFO line each, uncounted): 127
+    lines in the leader's log from the hostile benchmark's tiny storm. A role process
+    (which imports the runtime before grpc) logs only gRPC's errors."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import dipsjax.runtime.client
+from concurrent import futures
+from pathlib import Path
+import grpc
+from dipsjax.runtime import credentials
+c = Path(credentials.create({str(tmp_path / "c")!r}).directory)
+pair = [((c / "key.pem").read_bytes(), (c / "cert.pem").read_bytes())]
+tls = grpc.ssl_server_credentials(pair, (c / "ca.pem").read_bytes(), True)
+server = grpc.server(futures.ThreadPoolExecutor(2))
+port = server.add_secure_port("127.0.0.1:0", tls)
+server.start()
+for _ in range(5):  # plaintext against the TLS port: each handshake refused
+    channel = grpc.insecure_channel(f"127.0.0.1:{{port}}")
+    try:
+        channel.unary_unary("/x/y")(b"", timeout=1)
+    except grpc.RpcError as e:
+        print(e.code().name)
+    channel.close()
+"""
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    got = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout.split() == ["UNAVAILABLE"] * 5  # refused, all five
+    assert "Handshake failed" not in got.stderr, got.stderr[-2000:]

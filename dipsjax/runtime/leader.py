@@ -61,6 +61,9 @@ from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 
 MAX_REQUEST_BYTES = 1 << 20
+#: A connection must finish its TLS and HTTP/2 handshakes within this (gRPC's default,
+#: 120 s, let half-open handshakes hold descriptors for minutes).
+HANDSHAKE_TIMEOUT_MS = 5000
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
 TO_LEARNER = (m.SendModel, m.PushShards, m.Evict, m.Refuse, m.Unused, m.GrantChunk)
@@ -655,6 +658,7 @@ def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
         # Events are < 1 KB typical and their strings are cut to 1 KiB: a bound on what a
         # request may make the leader read (gRPC's default is 4 MiB).
         ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+        ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
     ]
 
 

@@ -186,3 +186,25 @@ for _ in range(5):  # plaintext against the TLS port: each handshake refused
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout.split() == ["UNAVAILABLE"] * 5  # refused, all five
     assert "Handshake failed" not in got.stderr, got.stderr[-2000:]
+
+
+def test_a_connection_that_never_finishes_its_handshake_is_dropped_within_seconds(job):
+    """Half a TLS ClientHello, then nothing: gRPC's default held such a connection (a
+    descriptor and its buffers) for 120 s; the leader drops it after
+    ``HANDSHAKE_TIMEOUT_MS``, while it goes on serving the job's own calls."""
+    import socket
+    import time
+
+    from dipsjax.runtime.leader import HANDSHAKE_TIMEOUT_MS
+
+    spec, learner, _ = job
+    host, _, port = spec.leader.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    sock.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # half a ClientHello
+    t0 = time.monotonic()
+    sock.settimeout(60)
+    assert sock.recv(1024) == b""  # closed by the leader
+    held = time.monotonic() - t0
+    sock.close()
+    assert HANDSHAKE_TIMEOUT_MS == 5000 and held < 30  # not gRPC's 120 s
+    assert learner.status()["version"] == 0  # the job's own calls are served meanwhile

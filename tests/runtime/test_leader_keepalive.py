@@ -38,6 +38,8 @@ def test_channel_and_server_keepalives_follow_the_heartbeat_interval(interval):
         "grpc.http2.max_ping_strikes": 0,
         # A request may make the leader read at most 1 MiB (gRPC's default: 4 MiB).
         "grpc.max_receive_message_length": 1 << 20,
+        # Half-open handshakes are dropped after 5 s (gRPC's default: 120 s).
+        "grpc.server_handshake_timeout_ms": 5000,
     }
     assert server["grpc.http2.min_ping_interval_without_data_ms"] < chan["grpc.keepalive_time_ms"]
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import itertools
 import json
 import os
@@ -50,25 +49,14 @@ import random
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-LAUNCH = (
-    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
-    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
-)
+from _live import FOLLOWERS, LEARNERS, LiveJob
+
 MOMENTS = ("startup", "push", "apply", "pull", "any", "two", "twice", "stopped")
-LEARNERS, FOLLOWERS = 3, 2
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _records(run: Path) -> list[dict]:
@@ -77,54 +65,18 @@ def _records(run: Path) -> list[dict]:
     return records_so_far(run / "tape.jsonl")
 
 
-class Chaos:
+class Chaos(LiveJob):
     """One run under faults: start, kill, watch, audit."""
 
     def __init__(self, base: Path, index: int, pushes: int, inner_steps: int) -> None:
-        from dipsjax.launch.run import make_spec
-        from dipsjax.sim.config import SimConfig
-
-        sim = SimConfig(
-            method="dips",
-            learners=LEARNERS,
-            followers=FOLLOWERS,
-            inner_steps=inner_steps,
-            speeds=(1, 1.3, 1.6),
-        )
-        sim = dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
-        self.sim = sim
-        self.run = base / f"run{index}" / "run"
-        spec = make_spec(sim, self.run)
         # Faults are the point here: every role may die many times.
-        self.spec = dataclasses.replace(spec, max_restarts=50, apply_delay=0.3)
-        path = base / f"run{index}" / "spec.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.spec.write(path)
-        self.launcher = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, str(path)], stdout=subprocess.DEVNULL
+        super().__init__(
+            base / f"run{index}", pushes, inner_steps, max_restarts=50, apply_delay=0.3
         )
         self.t0 = time.monotonic()
         self.faults: list[dict] = []  # one per kill
         self.down: dict[int, list[list[float]]] = {j: [] for j in range(LEARNERS)}
         self.outages: list[list[float]] = []  # a follower or the leader down
-
-    # -- watching ------------------------------------------------------------------
-
-    def status(self) -> dict | None:
-        return _json(self.run / "leader" / "status.json")
-
-    def pids(self) -> dict[str, int]:
-        return _json(self.run / "pids.json") or {}
-
-    def wait(self, cond, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.launcher.poll() is not None:
-                return False
-            if cond():
-                return True
-            time.sleep(0.02)
-        return False
 
     def moment(self, kind: str, rng: random.Random) -> bool:
         """Waits for the moment ``kind``; False if the run ended or it never came."""

@@ -41,14 +41,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import socket
 import ssl
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -56,19 +53,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-LAUNCH = (
-    "import sys; from dipsjax.launch.run import launch; from dipsjax.runtime.spec import "
-    "RunSpec; launch(RunSpec.read(sys.argv[1]), progress=False, evaluate=False)"
-)
-LEARNERS, FOLLOWERS = 3, 2
+from _live import FOLLOWERS, LEARNERS, LiveJob
+from _live import read_json as _json
+
 STATUS = "/dipsjax.syncer.v1.Syncer/Status"
-
-
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _hostport(address: str) -> tuple[str, int]:
@@ -87,42 +75,11 @@ def client_hello() -> bytes:
     return outgoing.read()
 
 
-class Job:
-    """The job under attack: a launcher process and what its files say."""
+class Job(LiveJob):
+    """The job under attack."""
 
     def __init__(self, base: Path, pushes: int, inner_steps: int) -> None:
-        from dipsjax.launch.run import make_spec
-        from dipsjax.sim.config import SimConfig
-
-        sim = SimConfig(
-            method="dips",
-            learners=LEARNERS,
-            followers=FOLLOWERS,
-            inner_steps=inner_steps,
-            speeds=(1, 1.3, 1.6),
-        )
-        sim = dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
-        self.run = base / "run"
-        self.spec = dataclasses.replace(make_spec(sim, self.run), max_restarts=20)
-        path = base / "spec.json"
-        self.spec.write(path)
-        self.launcher = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, str(path)], stdout=subprocess.DEVNULL
-        )
-
-    def status(self) -> dict | None:
-        return _json(self.run / "leader" / "status.json")
-
-    def pids(self) -> dict[str, int]:
-        return _json(self.run / "pids.json") or {}
-
-    def wait(self, cond, seconds: float) -> bool:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and self.launcher.poll() is None:
-            if cond():
-                return True
-            time.sleep(0.05)
-        return False
+        super().__init__(base, pushes, inner_steps, max_restarts=20)
 
     def decided_tokens(self) -> int:
         st = self.status() or {}

@@ -381,7 +381,7 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=150, help="idle sockets held")
     parser.add_argument("--half-open", type=int, default=60, help="half-open handshakes held")
     parser.add_argument("--rate", type=float, default=10.0, help="forged bursts a second")
-    parser.add_argument("--pushes", type=int, default=400, help="the budget, in full rounds")
+    parser.add_argument("--pushes", type=int, default=100, help="the budget, in full rounds")
     parser.add_argument("--no-pin", action="store_true")
     parser.add_argument("--tiny", action="store_true", help="a harness check")
     args = parser.parse_args()

@@ -42,7 +42,9 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
             f"--credentials: the {args.executor} executor makes the job's credentials where "
             "it runs (SLURM: on the syncer's node; Kubernetes: for the pods' DNS names)"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    from dipsjax.runtime import permissions
+
+    permissions.make_dir(run_dir)  # 0700 (0750 with group access)
     if args.executor == "kubernetes":
         from dipsjax.launch import kubernetes as k8s
 

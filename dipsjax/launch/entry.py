@@ -118,6 +118,9 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dipsjax.runtime import permissions
+
+    permissions.private()  # files 0600, folders 0700 (0640/0750 with group access)
     parser = argparse.ArgumentParser(prog="python -m dipsjax.launch.entry", description=__doc__)
     parser.add_argument("role", choices=ROLES)
     parser.add_argument("spec", help="the run's spec.json")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from dipsjax.launch.core import Experiment, Job, Requirements
+from dipsjax.runtime import permissions
 
 CONFIG, CREDENTIALS, RUN = "/dipsjax/config", "/dipsjax/credentials", "/dipsjax/run"
 ACCELERATOR_RESOURCE = {"gpu": "nvidia.com/gpu", "tpu": "google.com/tpu"}
@@ -110,6 +111,8 @@ class Kubernetes:
         if r.accelerators is not None:
             resources[ACCELERATOR_RESOURCE[r.platform]] = str(len(r.accelerators))
         env = [{"name": k, "value": v} for k, v in sorted({**r.env(), **job.env}.items())]
+        if permissions.group_access():  # the roles' files group-readable, as here
+            env.append({"name": permissions.GROUP_ACCESS_ENV, "value": "1"})
         env.append(
             {
                 "name": "JOBSET_JOB_INDEX",

@@ -67,6 +67,13 @@ def make_spec(
     ``credentials``: a directory made by ``dipsjax credentials``; by default a fresh set is
     made in ``RUN_DIR/credentials`` (readable by its owner only).
     """
+    with permissions.restricted():  # the run's files its owner's alone (or its group's)
+        return _make_spec(sim, run_dir, heartbeat_interval, credentials, tls)
+
+
+def _make_spec(
+    sim: SimConfig, run_dir: Path, heartbeat_interval: float, credentials: Any, tls: bool
+) -> RunSpec:
     import numpy as np
 
     from dipsjax import outer
@@ -74,7 +81,6 @@ def make_spec(
     from dipsjax.runtime.client import model_fingerprint, model_layout
     from dipsjax.syncer.schedule import assign_layers
 
-    permissions.private()  # the run's files are its owner's alone (or its group's)
     if credentials is not None:
         # Names what is missing or readable by others now, before anything is written.
         load_credentials(credentials)
@@ -380,7 +386,18 @@ def launch(
     returns the tape's summary. ``experiment``: its jobs (default: ``role_jobs(spec)``, one
     CPU device a learner). With ``resume``, every process restarts from its newest
     checkpoint in ``spec.run_dir`` (followers from the leader's version)."""
-    permissions.private()  # every process it starts inherits the umask
+    with permissions.restricted():  # every process it starts inherits the umask
+        return _launch(spec, timeout, progress, evaluate, resume, experiment)
+
+
+def _launch(
+    spec: RunSpec,
+    timeout: float,
+    progress: bool,
+    evaluate: bool,
+    resume: bool,
+    experiment: Experiment | None,
+) -> dict[str, Any]:
     run_dir = permissions.make_dir(spec.run_dir)
     spec.write(run_dir / "spec.json")
     jobs_path = run_dir / "jobs.json"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from dipsjax.launch.core import Experiment, Job
+from dipsjax.runtime import permissions
 
 # States of a job that has not ended (it may still run, or run again).
 LIVE = frozenset(
@@ -126,6 +127,10 @@ class Slurm:
             head += ["#SBATCH hetjob", *self._component(r.processes, r.cpus, r.memory_gb)]
         body = [
             "set -uo pipefail",
+            # The run's files 0600 and folders 0700 (group access: 0640/0750), the job
+            # steps' logs included (srun passes its umask on).
+            f"umask {permissions.umask():03o}",
+            *([f"export {permissions.GROUP_ACCESS_ENV}=1"] if permissions.group_access() else []),
             "export PYTHONUNBUFFERED=1",
             f"export JAX_COMPILATION_CACHE_DIR=${{JAX_COMPILATION_CACHE_DIR:-{cache}}}",
             f"mkdir -p {shlex.quote(str(logs))}",
@@ -252,6 +257,7 @@ def prepare(spec_path: str | Path, host: str | None = None) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    permissions.private()  # files 0600, folders 0700 (0640/0750 with group access)
     parser = argparse.ArgumentParser(prog="python -m dipsjax.launch.slurm")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="point SPEC at this job's syncer node (batch script)")

@@ -9,8 +9,10 @@ and :func:`check_secret` refuses a key or token others may read."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 #: The environment variable that grants the owner's group read access to run folders.
@@ -34,6 +36,18 @@ def private() -> int:
     return os.umask(umask())
 
 
+@contextlib.contextmanager
+def restricted() -> Iterator[None]:
+    """:func:`private` for the ``with`` block (a launcher's; the processes it starts
+    inherit it), then the caller's umask again: a notebook or test that launches a run
+    keeps its own."""
+    old = private()
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def make_dir(path: str | Path) -> Path:
     """``path`` (and its missing parents) as a run folder: ``0700``, or ``0750`` with group
     access, whatever the umask was when it was made."""
@@ -49,7 +63,8 @@ def check_secret(path: str | Path) -> None:
     p = Path(path)
     mode = stat.S_IMODE(p.stat().st_mode)
     if p.is_dir():
-        if mode & 0o022:
+        # Sticky (a Kubernetes secret volume is 1777): others may add, never replace.
+        if mode & 0o022 and not mode & stat.S_ISVTX:
             raise PermissionError(
                 f"credentials: {p} is writable by others (mode {mode:04o}): `chmod 700 {p}`"
             )

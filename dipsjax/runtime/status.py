@@ -38,7 +38,10 @@ def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
     if not path.exists():
         raise StatusError(f"no spec.json in {run_dir}: not a dipsjax run folder")
     spec = RunSpec.read(path)
-    client = ControlClient(spec)
+    try:
+        client = ControlClient(spec)
+    except (OSError, ValueError) as e:  # credentials missing, short, or loose
+        raise StatusError(str(e)) from None
     try:
         return client.status(timeout=timeout)
     except grpc.RpcError as e:

@@ -73,6 +73,7 @@ def test_only_holders_of_the_certificates_and_token_can_join_watch_beat_or_read_
     for name in ("ca.pem", "cert.pem", "key.pem"):
         shutil.copy(Path(spec.credentials) / name, stolen / name)
     (stolen / "token").write_text("f" * 64)
+    (stolen / "token").chmod(0o600)  # a looser token is refused before any call
     outsider = ControlClient(dataclasses.replace(spec, credentials=str(stolen)), learner=0)
     assert _refused(outsider, 20) == {grpc.StatusCode.UNAUTHENTICATED}
     with pytest.raises(grpc.RpcError) as e:

@@ -53,6 +53,9 @@ def test_credentials_others_may_read_are_refused_naming_the_file_and_the_fix(
     (tmp_path / "creds").chmod(0o777)
     with pytest.raises(PermissionError, match=r"writable by others.*chmod 700"):
         credentials.load.__wrapped__(tmp_path / "creds")
+    # A sticky one (a Kubernetes secret volume is mounted 1777): others cannot replace ours.
+    (tmp_path / "creds").chmod(0o1777)
+    assert credentials.load.__wrapped__(tmp_path / "creds").token == made.token
 
 
 @pytest.mark.parametrize("group", [False, True], ids=["owner", "group"])
@@ -63,6 +66,8 @@ def test_a_run_folder_is_the_owners_alone_or_its_groups_and_credentials_always_p
         monkeypatch.setenv(permissions.GROUP_ACCESS_ENV, "1")
     sim = SimConfig(learners=1, followers=1)
     spec = run_mod.make_spec(sim, tmp_path / "run", heartbeat_interval=1.0)
+    assert os.umask(0o022) == 0o022  # the caller's umask is its own again
+    permissions.private()  # as a role process does
     spec.write(Path(spec.run_dir) / "spec.json")
     (Path(spec.run_dir) / "leader").mkdir()  # as a role process makes its folder
     (Path(spec.run_dir) / "leader" / "final.npz").write_bytes(b"weights")
@@ -75,3 +80,34 @@ def test_a_run_folder_is_the_owners_alone_or_its_groups_and_credentials_always_p
     assert creds["credentials/key.pem"] == creds["credentials/token"] == 0o600
     dirs, files = (0o750, 0o640) if group else (0o700, 0o600)
     assert rest == {".": dirs, "spec.json": files, "leader": dirs, "leader/final.npz": files}
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["private", "group_access"])
+def test_cluster_jobs_get_the_same_umask_and_group_access(tmp_path, monkeypatch, group):
+    """A SLURM batch script sets the run's umask before its steps (srun passes it on to
+    their logs) and passes group access on; a Kubernetes pod gets it in its environment."""
+    from dipsjax.launch import Experiment, role_jobs
+    from dipsjax.launch import kubernetes as k8s
+    from dipsjax.launch.slurm import Slurm
+    from dipsjax.runtime.spec import RunSpec
+
+    if group:
+        monkeypatch.setenv("DIPSJAX_GROUP_ACCESS", "1")
+    else:
+        monkeypatch.delenv("DIPSJAX_GROUP_ACCESS", raising=False)
+    sim = SimConfig(learners=1, followers=1)
+    spec = RunSpec(sim, "127.0.0.1:5000", ("127.0.0.1:6000",), "", str(tmp_path), (0,), 4)
+    lines = Slurm().script(Experiment("t", spec).add(role_jobs(spec))).splitlines()
+    first_step = next(i for i, x in enumerate(lines) if x.startswith("role "))
+    umask = lines.index("umask 027" if group else "umask 077")
+    assert umask < first_step
+    assert ("export DIPSJAX_GROUP_ACCESS=1" in lines[:first_step]) == group
+    ex = k8s.Kubernetes()
+    exp = k8s.prepare(sim, "perm", tmp_path / "k8s", ex)
+    jobset = next(
+        d for d in ex.manifests(exp, tmp_path / "k8s" / "credentials") if d["kind"] == "JobSet"
+    )
+    for rjob in jobset["spec"]["replicatedJobs"]:
+        container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env.get("DIPSJAX_GROUP_ACCESS") == ("1" if group else None)

@@ -88,7 +88,14 @@ def test_status_needs_the_jobs_credentials_and_a_running_leader(run, tmp_path, c
     for name in ("ca.pem", "cert.pem", "key.pem"):
         (stolen / "creds" / name).write_bytes((run_dir / "credentials" / name).read_bytes())
     (stolen / "creds" / "token").write_text("f" * 64)
+    (stolen / "creds").chmod(0o700)
+    for name in ("key.pem", "token"):  # as a careless copy leaves them
+        (stolen / "creds" / name).chmod(0o644)
     dataclasses.replace(spec, credentials=str(stolen / "creds")).write(stolen / "spec.json")
+    assert status_cmd.main([str(stolen), "--once"]) == 1  # named, not a traceback
+    assert "chmod 600" in capsys.readouterr().err  # a loose key or token is refused
+    for name in ("key.pem", "token"):
+        (stolen / "creds" / name).chmod(0o600)
     assert status_cmd.main([str(stolen), "--once", "--timeout", "30"]) == 1
     assert "refused the job credential" in capsys.readouterr().err
     assert status_cmd.main([str(tmp_path), "--once"]) == 1

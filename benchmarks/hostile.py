@@ -19,7 +19,8 @@ leader's ``Status`` every 50 ms. The attack, bounded in size and rate:
   ``repeat``), never applied again;
 * **malformed frames** to each follower's data plane over TLS: a bad magic, a shape whose
   size overflows int64, a push of an unknown tensor id announcing 1 GiB of body (refused
-  from its header, the body never read), a push from an unknown learner, a truncated frame.
+  from its header, the body never read), a push from an unknown learner, a push for a round
+  the leader never opened (no ticket), a truncated frame.
 
 Then, with the attack still on, every learner is killed (``SIGKILL``): each must come back
 (a new incarnation active and a push of it accepted). The job then runs to its budget
@@ -331,12 +332,15 @@ class Attack:
         ctx = self.job.spec.ssl_client() if self.job.spec.tls else None
         overflow = dp.Header(dp.PUSH, codec="fp32", shape=(2**40, 2**40), payload_len=16)
         huge = dp.Header(dp.PUSH, codec="fp32", shape=(2**28,), tensor=10**6, payload_len=2**30)
-        stranger = dp.Header(dp.PUSH, codec="fp32", shape=(4,), learner=99, round_id=10**9)
+        whole = {  # whole frames, sent with their bodies
+            "unknown_learner": dp.Header(dp.PUSH, codec="fp32", shape=(4,), learner=99),
+            "never_opened": dp.Header(dp.PUSH, codec="fp32", shape=(4,), round_id=10**9),
+        }
         cases = {
             "bad_magic": b"XXXX" + b"\x00" * 120,
             "overflow_shape": _packed(overflow),
             "unknown_tensor_1gib": _packed(huge),
-            "unknown_learner": None,  # a whole frame: sent with its body
+            **dict.fromkeys(whole),
             "truncated": _packed(dp.Header(dp.PUSH, codec="fp32", shape=(4,)))[:20],
         }
         n = 0
@@ -353,9 +357,9 @@ class Attack:
                             sock = ctx.wrap_socket(sock, server_hostname=address[0])
                         with sock:
                             if data is None:
-                                body = b"\x00" * 16
-                                dp.send_frame(sock, stranger, body)
-                                dp.send_frame(sock, dp.Header(dp.END, learner=99))
+                                head = whole[kind]
+                                dp.send_frame(sock, head, b"\x00" * 16)
+                                dp.send_frame(sock, dp.Header(dp.END, learner=head.learner))
                             else:
                                 sock.sendall(data)
                             if kind == "truncated":

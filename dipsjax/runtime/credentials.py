@@ -18,6 +18,13 @@ control-plane call; on the data plane the certificate and key are the credential
 ``key.pem`` as the token). Only the directory's path goes into ``spec.json``; no secret is
 logged or put on a tape. The certificates are valid for ``days`` (365 by default): a job
 or a snapshot resumed after that needs a fresh set.
+
+Push tickets (:func:`push_ticket`): the leader signs each push it grants, a MAC of the
+round, learner and incarnation under a key derived from the token, and followers check it
+on a push's first header. Every role of a job holds the token, so a ticket does not guard
+against a process of the job that mints them on purpose; it keeps out pushes for rounds
+the leader never opened to that learner process (a stale or confused learner, a forged or
+replayed stream), before any of their bytes are buffered.
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import hashlib
+import hmac
 import ipaddress
 import os
 import secrets
 import ssl
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -179,6 +189,21 @@ class Credentials:
         ctx.load_cert_chain(d / "cert.pem", d / "key.pem")
         ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+
+TICKET_BYTES = 16
+
+
+@functools.cache
+def _ticket_key(token: str) -> bytes:
+    return hmac.digest(token.encode(), b"dipsjax push ticket v1", hashlib.sha256)
+
+
+def push_ticket(token: str, round_id: int, learner: int, incarnation: int) -> bytes:
+    """The leader's grant of round ``round_id`` to ``learner``'s process ``incarnation``:
+    :data:`TICKET_BYTES` bytes of HMAC-SHA256 under a key derived from the job token."""
+    grant = struct.pack("<qqq", round_id, learner, incarnation)
+    return hmac.digest(_ticket_key(token), grant, hashlib.sha256)[:TICKET_BYTES]
 
 
 @functools.cache

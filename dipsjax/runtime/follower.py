@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import fcntl
 import functools
+import hmac
 import json
 import os
 import signal
@@ -54,6 +55,7 @@ from dipsjax import outer
 from dipsjax.runtime import permissions
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
+from dipsjax.runtime.credentials import push_ticket
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -137,6 +139,7 @@ class FollowerNode:
         port = spec_port if port is None else port  # 0: any free one (a replacement)
         self.resent = {"duplicate": 0, "replaced": 0}
         self.metrics_lock = threading.Lock()
+        self._granted: dict[tuple[int, int, int], bytes] = {}  # grant -> its ticket
         self.data = DataPlaneServer(
             self.on_push,
             self.on_pull,
@@ -173,8 +176,21 @@ class FollowerNode:
                 self._write_metrics()
 
     def _expect(self, header: Any) -> None:
-        """A pushed tensor's header, before its body is read: one of this follower's
-        tensors, with its shape (else refused: ``layout``, ``shape``)."""
+        """A pushed tensor's header, before its body is read: granted by the leader (its
+        ticket for the round, learner and incarnation; else refused: ``ticket``), one of
+        this follower's tensors, with its shape (else ``layout``, ``shape``)."""
+        grant = (header.round_id, header.learner, header.incarnation)
+        ticket = self._granted.get(grant)
+        if ticket is None:
+            if len(self._granted) >= 1024:  # a push's frames share one grant: keep a few
+                self._granted.clear()
+            ticket = self._granted[grant] = push_ticket(self.spec.token, *grant)
+        if not hmac.compare_digest(header.ticket, ticket):
+            raise PushRefused(
+                "ticket",
+                f"follower {self.k}: the leader did not grant round {grant[0]} to learner "
+                f"{grant[1]} (incarnation {grant[2]}): push refused",
+            )
         want = self.shapes.get(header.tensor)
         if want is None:
             raise PushRefused("layout", f"follower {self.k} does not hold tensor {header.tensor}")

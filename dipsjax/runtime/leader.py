@@ -52,6 +52,7 @@ import grpc
 from dipsjax.data.ledger import new_ledger
 from dipsjax.runtime import permissions
 from dipsjax.runtime.client import TOKEN_KEY, keepalive_options
+from dipsjax.runtime.credentials import push_ticket
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
@@ -300,6 +301,10 @@ class LeaderNode:
             targets = list(self.queues) + [("follower", k) for k in range(len(self.spec.followers))]
         else:
             targets = [who]
+        if isinstance(action, m.PushShards):  # signed: a follower takes only granted pushes
+            inc = self._incarnation(who, action)
+            grant = push_ticket(self.spec.token, action.round_id, action.learner, inc)
+            action = dataclasses.replace(action, ticket=grant.hex())
         env = codec.to_proto(action)
         for target in dict.fromkeys(targets):
             self.numbered[target] += 1

@@ -496,11 +496,12 @@ class LearnerNode:
         for tr in plan.transfers:  # in the plan's order
             by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
         base, codec = self.learner.version, self.spec.sim.wire
+        ticket = bytes.fromhex(plan.ticket)  # the leader's grant, checked by each follower
 
         def one(k: int) -> int:
             tensors = by_follower[k]
             return self.data[k].push(
-                plan.round_id, self.j, self.incarnation, base, tensors, codec=codec
+                plan.round_id, self.j, self.incarnation, base, tensors, codec=codec, ticket=ticket
             )
 
         order = sorted(by_follower)

@@ -148,7 +148,10 @@ class StandIn:
                 (i, block[: int(np.prod(self.shapes[i]))].reshape(self.shapes[i])) for i in layers
             )
             inc = self.proto.incarnation
-            self.clients[k].push(plan.round_id, self.j, inc, self.version, tensors, codec="bf16")
+            ticket = bytes.fromhex(plan.ticket)
+            self.clients[k].push(
+                plan.round_id, self.j, inc, self.version, tensors, codec="bf16", ticket=ticket
+            )
 
         self.span[0] = min(self.span[0], time.time())
         with self.rec.transfer():

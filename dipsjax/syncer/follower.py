@@ -72,7 +72,7 @@ REFERENCES = ("start", "server")
 
 class PushRefused(ValueError):
     """A learner's shard the follower will not stage; ``kind`` names the problem for the
-    metrics (``layout``, ``shape``, ``incarnation``, ``replayed``)."""
+    metrics (``layout``, ``shape``, ``incarnation``, ``replayed``; the runtime's ``ticket``)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

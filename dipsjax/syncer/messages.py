@@ -334,11 +334,17 @@ class Transfer:
 
 @dataclasses.dataclass(frozen=True)
 class PushShards(Action):
-    """Join round ``round_id``: stream these transfers, in order, then ``TransferDone``."""
+    """Join round ``round_id``: stream these transfers, in order, then ``TransferDone``.
+
+    ``ticket``: empty from the core; the runtime's leader signs the grant (a MAC of the
+    round, learner and incarnation under a key of the job's credentials) so that a follower
+    can refuse, from a push's first header, pushes for rounds the leader never opened to
+    that learner process (the simulator's in-process followers need none)."""
 
     round_id: int
     learner: int
     transfers: tuple[Transfer, ...] = ()
+    ticket: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

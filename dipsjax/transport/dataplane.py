@@ -11,12 +11,14 @@ Frame (little-endian)::
 
     header  magic "DJX1" | kind u8 | codec u8 | dtype u8 | ndim u8 | round i64 | learner i32
             | incarnation i32 | version i64 | tensor u32 | block_size u32 | payload_len u64
-            | scales_len u64 | checksum u64 | header_crc u32
+            | scales_len u64 | checksum u64 | ticket 16 bytes | header_crc u32
     shape   ndim x u64
     body    payload (payload_len bytes) then scales (scales_len bytes, float32)
 
 ``checksum`` (XXH3-64) covers payload and scales (one checksum per tensor transfer),
-``header_crc`` (CRC-32) the header fields before it and the shape. Tensors are encoded with
+``header_crc`` (CRC-32) the header fields before it and the shape. ``ticket``: the
+leader's grant of a push (zeros: none), checked by a follower before a push's body is read
+(:func:`dipsjax.runtime.credentials.push_ticket`). Tensors are encoded with
 :func:`dipsjax.outer.encode` (BF16 by default; fp32, int8 and int4 with block scales), the
 same codec the simulator applies, so numerics agree bit for bit (BF16 and FP32 take a host
 fast path through ``ml_dtypes``, tested bit-identical).
@@ -69,9 +71,9 @@ DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: one tensor of 512M float32 values
 # An ERROR frame's ``tensor`` field: 0 when sending again may help (a broken transfer),
 # ``REFUSED + i`` when the transfer itself is refused, of kind ``REFUSAL_KINDS[i]``.
 REFUSED = 1
-REFUSAL_KINDS = ("push", "pull", "frame", "layout", "shape", "incarnation", "replayed")
+REFUSAL_KINDS = ("push", "pull", "frame", "layout", "shape", "incarnation", "replayed", "ticket")
 
-_HEAD = struct.Struct("<4sBBBBqiiqIIQQQ")
+_HEAD = struct.Struct("<4sBBBBqiiqIIQQQ16s")  # ... crc, ticket
 _HEAD_CRC = struct.Struct("<I")
 _DIM = struct.Struct("<Q")
 
@@ -114,6 +116,7 @@ class Header:
     payload_len: int = 0
     scales_len: int = 0
     crc: int = 0
+    ticket: bytes = b""  # a PUSH's grant from the leader (16 bytes; empty: none)
 
     def pack(self) -> bytes:
         fixed = _HEAD.pack(
@@ -131,6 +134,7 @@ class Header:
             self.payload_len,
             self.scales_len,
             self.crc,
+            self.ticket,
         )
         dims = b"".join(_DIM.pack(d) for d in self.shape)
         return fixed + _HEAD_CRC.pack(zlib.crc32(fixed + dims)) + dims
@@ -188,6 +192,7 @@ def parse_header(fixed: bytes, max_frame: int = DEFAULT_MAX_FRAME) -> tuple[Head
         payload_len=plen,
         scales_len=slen,
         crc=fields[13],
+        ticket=b"" if fields[14] == bytes(16) else fields[14],
     )
     return header, ndim
 
@@ -882,8 +887,10 @@ class DataPlaneClient:
         *,
         codec: str = "bf16",
         block_size: int = 64,
+        ticket: bytes = b"",
     ) -> int:
-        """Streams ``(tensor id, array)`` pairs in order; returns the bytes sent."""
+        """Streams ``(tensor id, array)`` pairs in order, each frame with the leader's
+        ``ticket`` for the push; returns the bytes sent."""
         sock = self._connect()
         block = block_size if codec in ("int8", "int4") else 0
 
@@ -900,6 +907,7 @@ class DataPlaneClient:
                 version=base_version,
                 tensor=tid,
                 block_size=block,
+                ticket=ticket,
             )
             return framed(head, payload, scales)  # checksummed in the encoder thread
 

@@ -17,6 +17,7 @@ import pytest
 from dipsjax.data import ledger as chunks
 from dipsjax.launch.run import final_params, make_spec
 from dipsjax.runtime.client import model_shapes
+from dipsjax.runtime.credentials import push_ticket
 from dipsjax.runtime.spec import address
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.replay import replay, tree_equal
@@ -287,9 +288,17 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
     shapes = list(model_shapes(spec).values())
     mine = [(i, np.zeros(shapes[i][0], np.float32)) for i, k in enumerate(spec.layer_owner) if k]
     replay_client = DataPlaneClient(address(back), ssl_context=spec.ssl_client())
-    with pytest.raises(TransferError, match="round 0 has ended") as e:
-        replay_client.push(0, 0, 0, 0, mine, codec="fp32")
-    assert e.value.refused
+    with pytest.raises(TransferError, match="round 0 has ended") as e:  # its real grant
+        replay_client.push(0, 0, 0, 0, mine, codec="fp32", ticket=push_ticket(spec.token, 0, 0, 0))
+    assert e.value.refused and e.value.kind == "replayed"
+    # Issue 18 item 5: a push for a round the leader never opened (no grant, or another
+    # round's) is refused from its first header, before a tensor is read: before, it was
+    # acknowledged and kept.
+    far = 10**6
+    for ticket in (b"", push_ticket(spec.token, 0, 0, 0), push_ticket(spec.token, far, 1, 0)):
+        with pytest.raises(TransferError, match=f"did not grant round {far} to learner 0") as e:
+            replay_client.push(far, 0, 0, 0, mine, codec="fp32", ticket=ticket)
+        assert e.value.refused and e.value.kind == "ticket"
     replay_client.close()
     summary = _finish(launcher, run)
     tape = _check_run(run, sim, summary)

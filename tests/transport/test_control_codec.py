@@ -66,6 +66,7 @@ EXAMPLES = [
         round_id=13,
         learner=14,
         transfers=(m.Transfer(0, 1), m.Transfer(layer=5, follower=2, step=3)),
+        ticket="00ff" * 8,
     ),
     m.WakeAt(INF),
     m.WakeAt(123.5),

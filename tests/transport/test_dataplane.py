@@ -223,8 +223,9 @@ def test_header_decoder_only_raises_frame_errors(data):
     codec=st.sampled_from(dp.CODECS),
     shape=st.lists(st.integers(1, 9), min_size=0, max_size=4).map(tuple),
     ids=st.tuples(st.integers(-(2**40), 2**40), st.integers(-(2**31), 2**31 - 1)),
+    ticket=st.one_of(st.just(b""), st.binary(min_size=16, max_size=16).filter(any)),
 )
-def test_headers_round_trip(kind, codec, shape, ids):
+def test_headers_round_trip(kind, codec, shape, ids, ticket):
     block = 64 if codec in ("int8", "int4") else 0
     plen, slen = dp.expected_lengths(codec, shape, block)
     h = dp.Header(
@@ -237,6 +238,7 @@ def test_headers_round_trip(kind, codec, shape, ids):
         payload_len=plen,
         scales_len=slen,
         crc=123,
+        ticket=ticket,
     )
     raw = h.pack()
     n = dp._HEAD.size + dp._HEAD_CRC.size

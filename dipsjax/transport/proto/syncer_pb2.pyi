@@ -221,14 +221,16 @@ class Transfer(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., follower: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class PushShards(_message.Message):
-    __slots__ = ("round_id", "learner", "transfers")
+    __slots__ = ("round_id", "learner", "transfers", "ticket")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     TRANSFERS_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     learner: int
     transfers: _containers.RepeatedCompositeFieldContainer[Transfer]
-    def __init__(self, round_id: _Optional[int] = ..., learner: _Optional[int] = ..., transfers: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ...) -> None: ...
+    ticket: str
+    def __init__(self, round_id: _Optional[int] = ..., learner: _Optional[int] = ..., transfers: _Optional[_Iterable[_Union[Transfer, _Mapping]]] = ..., ticket: _Optional[str] = ...) -> None: ...
 
 class WakeAt(_message.Message):
     __slots__ = ("t",)

@@ -439,11 +439,14 @@ def main() -> None:
         returned = sum(back(j) for j in victims)
         attack.close()
         probe.close()
+        print(f"learners killed under attack: {len(victims)}, back: {returned}", flush=True)
+        rc = job.launcher.wait(1800)
+        # Read once the job ended: a repeat is answered from the request log without an
+        # event, so the leader's status.json counts it only at its next write (read just
+        # after the attack, one repeat could be missing and a replay judged taken).
         refused = job.refused()
         # Each replayed pair whose first copy was taken: its second must be a repeat.
         attack.accepted["replayed"] = max(0, attack.replays_taken - refused["leader:repeat"])
-        print(f"learners killed under attack: {len(victims)}, back: {returned}", flush=True)
-        rc = job.launcher.wait(1800)
     finally:
         if job.launcher.poll() is None:
             job.launcher.send_signal(signal.SIGINT)

@@ -10,13 +10,15 @@ routed to the processes they address, on the ``Watch`` stream each process keeps
 * this process: ``WakeAt`` (a timer feeding ``Tick``), plus a ``Tick`` every second.
 
 Every call must carry the job's credential, in its gRPC metadata (``x-dipsjax-token``):
-:class:`TokenCheck` refuses one without it before its bytes are read. Bytes that do not
-decode are answered with the problem and counted (``malformed``). Each event is screened
-by the core (:meth:`Leader.screen`: unknown peers and rounds are refused and counted) and
-checked against its sender's :class:`RequestLog` (a repeated request is answered as the
-first time, never applied twice; an older incarnation's is refused). After every event
-the leader's state is written atomically to ``RUN_DIR/leader/snapshot.json`` and new tape
-records are appended to ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
+:class:`TokenCheck` refuses one without it before its bytes are read. :class:`RpcCaps`
+bounds the calls in flight from one host and in all (``peer_cap``, ``server_cap``). Bytes
+that do not decode are answered with the problem and counted (``malformed``). Each event
+is screened by the core (:meth:`Leader.screen`: unknown peers and rounds are refused and
+counted) and checked against its sender's :class:`RequestLog` (a repeated request is
+answered as the first time, never applied twice; an older incarnation's is refused).
+After every event the leader's state is written atomically to
+``RUN_DIR/leader/snapshot.json`` and new tape records are appended to
+``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
 ``--resume`` restarts from that snapshot and tape (the clock continues from the last
 status), then :meth:`Leader.resume`: a round the followers were applying is finished, what
@@ -43,6 +45,7 @@ import secrets
 import signal
 import sys
 import time
+import urllib.parse
 from collections import Counter, OrderedDict, defaultdict
 from pathlib import Path
 from typing import Any
@@ -60,11 +63,13 @@ from dipsjax.syncer.leader import Leader, Phase
 from dipsjax.syncer.tape import EventTape, phase_seconds
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+from dipsjax.transport.refusals import RefusalLog
 
 MAX_REQUEST_BYTES = 1 << 20
 #: A connection must finish its TLS and HTTP/2 handshakes within this (gRPC's default,
 #: 120 s, let half-open handshakes hold descriptors for minutes).
 HANDSHAKE_TIMEOUT_MS = 5000
+REFUSAL_LOG_INTERVAL = 10.0  # seconds: at most one log line per refusal kind (the caps')
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard)
 TO_LEARNER = (m.SendModel, m.PushShards, m.Evict, m.Refuse, m.Unused, m.GrantChunk)
@@ -525,6 +530,105 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         )
 
 
+def rpc_caps(spec: RunSpec) -> tuple[int, int]:
+    """``(per host, in all)``: the calls the leader serves at once (a ``Watch`` stream
+    counts while open). A learner or follower holds a handful: its ``Watch``, a heartbeat
+    or event, and a ``Status`` now and then; the launcher and ``dipsjax status`` one each.
+    One host may hold every role (a local run is all ``127.0.0.1``, a node may run several
+    learners), so the per-host cap is 8 calls per role of the whole job (twice a handful,
+    for a restarted process whose predecessor's stream has not yet ended), never under 64;
+    ``RunSpec.peer_rpc_cap`` sets it instead. The server takes 4 times that in all, so that
+    one host at its cap leaves the job three times what it needs."""
+    roles = spec.sim.learners + len(spec.followers) + 1  # the + 1: the launcher, the CLI
+    per_peer = spec.peer_rpc_cap or max(64, 8 * roles)
+    return per_peer, 4 * per_peer
+
+
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer (``context.peer()``), which the caps count by:
+    ``ipv4:127.0.0.1:5555`` -> ``127.0.0.1``, ``ipv6:%5B::1%5D:5555`` (gRPC escapes the
+    brackets) -> ``::1``. Unix-socket peers (``unix:...``) are all one host, ``unix``: they
+    share this machine, as the data plane's peers of one address do."""
+    kind, _, rest = urllib.parse.unquote(peer or "").partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return kind
+
+
+class RpcCaps(grpc.aio.ServerInterceptor):
+    """Bounds the calls in flight (a ``Watch`` stream counts while it is open): at most
+    ``per_peer`` from one host (:func:`peer_host`) and ``total`` in all. One over is
+    answered ``RESOURCE_EXHAUSTED``, naming the cap, before its request is parsed; counted
+    in ``refused`` (``peer_cap``, ``server_cap``) and logged at most once per kind every
+    :data:`REFUSAL_LOG_INTERVAL`. gRPC cannot cap TCP connections per address, as the data
+    plane does (``DataPlaneServer.max_per_address``); the calls are what a host holds of
+    the leader. Placed after :class:`TokenCheck`, it counts authenticated calls only: a
+    stranger that shares a host with the job cannot use up the job's places.
+
+    The service's methods are unary-unary or unary-stream; no other kind is wrapped. The
+    server runs on one event loop, so the counts need no lock."""
+
+    def __init__(self, per_peer: int, total: int, refused: Counter, log: RefusalLog) -> None:
+        self.per_peer, self.total = per_peer, total
+        self.refused, self.log = refused, log
+        self.open: Counter[str] = Counter()  # host -> calls in flight
+
+    def admit(self, host: str) -> str | None:
+        """Takes a place for a call from ``host``; or the reason it gets none."""
+        if self.open[host] >= self.per_peer:
+            kind, why = "peer_cap", f"{self.per_peer} calls in flight from {host} at most"
+        elif self.open.total() >= self.total:
+            kind, why = "server_cap", f"{self.total} calls in flight at most"
+        else:
+            self.open[host] += 1
+            return None
+        why = f"the leader serves {why} (a Watch counts while open)"
+        self.refused[kind] += 1
+        self.log.record(kind, why)
+        return f"{kind}: {why}"
+
+    def release(self, host: str) -> None:
+        self.open[host] -= 1
+        if self.open[host] <= 0:
+            del self.open[host]
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or handler.request_streaming:
+            return handler
+        if handler.response_streaming:
+            behavior = handler.unary_stream
+
+            async def stream(request, context):
+                host = peer_host(context.peer())
+                why = self.admit(host)
+                if why is not None:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+                try:  # aclosing: the Watch's own cleanup runs even if it was left at a yield
+                    async with contextlib.aclosing(behavior(request, context)) as replies:
+                        async for reply in replies:
+                            yield reply
+                finally:
+                    self.release(host)
+
+            return handler._replace(unary_stream=stream)
+        behavior = handler.unary_unary
+
+        async def unary(request, context):
+            host = peer_host(context.peer())
+            why = self.admit(host)
+            if why is not None:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+            try:
+                return await behavior(request, context)
+            finally:
+                self.release(host)
+
+        return handler._replace(unary_unary=unary)
+
+
 class SyncerService(syncer_pb2_grpc.SyncerServicer):
     """``Call``: one event in, the caller's replies out. ``Watch``: a process's actions.
     Every request arrives as bytes, from a caller :class:`TokenCheck` let through."""
@@ -696,9 +800,13 @@ async def serve(
     node.loop = asyncio.get_running_loop()
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
+    log = RefusalLog(
+        REFUSAL_LOG_INTERVAL, emit=lambda line: print(line, flush=True), prefix="leader: "
+    )
+    caps = RpcCaps(*rpc_caps(spec), node.refused, log)
     server = grpc.aio.server(
         options=server_options(spec.heartbeat_interval),
-        interceptors=[TokenCheck(spec.token, node.refused)],
+        interceptors=[TokenCheck(spec.token, node.refused), caps],  # the token first
     )
     add_service(SyncerService(node), server)
     host, _, port = spec.leader.rpartition(":")

@@ -82,6 +82,9 @@ class RunSpec:
       checkpoints: followers checkpoint after every outer step and save their shard at the
         end, learners every round (off only for benchmarks, e.g. ``round_1b.py``, and to
         measure what checkpointing costs in ``system.py``).
+      peer_rpc_cap: calls the leader serves at once from one host (a ``Watch`` stream
+        counts while it is open); the server serves at most 4 times as many in all. 0:
+        sized from the job (:func:`dipsjax.runtime.leader.rpc_caps`).
     """
 
     sim: SimConfig
@@ -105,6 +108,7 @@ class RunSpec:
     bind: str = ""
     tls: bool = True
     fingerprint: str = ""
+    peer_rpc_cap: int = 0
 
     def __post_init__(self) -> None:
         def hostport(a: str) -> bool:
@@ -138,6 +142,7 @@ class RunSpec:
                 "(learner, seconds > 0) pairs",
             ),
             (self.transfer_patience > 0, "transfer_patience", "> 0 seconds"),
+            (self.peer_rpc_cap >= 0, "peer_rpc_cap", ">= 0 (0: sized from the job)"),
         ]
         for ok, name, allowed in checks:
             if not ok:

@@ -2,10 +2,13 @@
 push does not move the job, a replayed request is not applied twice, the credential is
 checked before anything is parsed, and bad input is answered and counted."""
 
+import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -25,8 +28,13 @@ STEP = 8 * 64  # tokens of one inner step (batch_size x seq_len)
 @pytest.fixture
 def job(tmp_path):
     """A real leader of a 2-learner, 1-follower job; learner 0 active, follower 0 up."""
+    yield from _job(tmp_path)
+
+
+def _job(tmp_path, **spec_fields):
     run_dir = tmp_path / "run"
     spec = make_spec(SimConfig(learners=2, followers=1, token_budget=100_000), run_dir)
+    spec = dataclasses.replace(spec, **spec_fields)
     spec.write(run_dir / "spec.json")
     cmd = [sys.executable, "-m", "dipsjax.runtime.leader", str(run_dir / "spec.json")]
     proc = subprocess.Popen(cmd, env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -208,3 +216,58 @@ def test_a_connection_that_never_finishes_its_handshake_is_dropped_within_second
     sock.close()
     assert HANDSHAKE_TIMEOUT_MS == 5000 and held < 30  # not gRPC's 120 s
     assert learner.status()["version"] == 0  # the job's own calls are served meanwhile
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def capped_job(tmp_path):
+    """The job of ``job``, its leader serving 4 calls at once per host, on every interface
+    (IPv4 and IPv6: ``::1`` is a second host on this machine)."""
+    if not _ipv6_loopback():
+        pytest.skip("no IPv6 loopback: no second host to call from")
+    yield from _job(tmp_path, peer_rpc_cap=4, bind="[::]")
+
+
+def test_one_host_holding_its_cap_of_watch_streams_is_refused_and_no_other_host_is(capped_job):
+    """Before the cap, one host could open Watch streams without end, each held by the
+    leader for as long as it liked; now its fifth call in flight is refused
+    (RESOURCE_EXHAUSTED, counted ``peer_cap``), another host is served meanwhile, and the
+    host's places come back as its streams close."""
+    spec, learner, _ = capped_job
+    stub, token = syncer_pb2_grpc.SyncerStub(learner.channel), learner.metadata
+    request = syncer_pb2.WatchRequest(learner=0, incarnation=0)
+    streams = [stub.Watch(request, metadata=token) for _ in range(4)]
+    for st in streams:  # each got the learner's backlog: it holds its place now
+        assert next(st).WhichOneof("message") is not None
+    with pytest.raises(grpc.RpcError) as e:
+        next(stub.Watch(request, metadata=token, timeout=30))
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "4 calls in flight from 127.0.0.1 at most" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        learner.status()
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    port = spec.leader.rpartition(":")[2]
+    other = ControlClient(dataclasses.replace(spec, leader=f"[::1]:{port}"), learner=1)
+    assert other.status()["refused"] == {"peer_cap": 2}  # the other host is served
+    for st in streams:
+        st.cancel()
+    deadline = time.monotonic() + 30
+    while True:  # the streams' places are given back once the leader sees them end
+        try:
+            st = learner.status()
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() < deadline, "the places of closed streams never came back"
+            time.sleep(0.1)
+    assert st["refused"]["peer_cap"] >= 2 and set(st["refused"]) == {"peer_cap"}
+    assert learner.call(m.Heartbeat(0.0, 0)) == []  # the learner's own calls go through
+    other.close()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dipsjax.launch.config import spec_settings
 from dipsjax.launch.core import Experiment, role_jobs
 
 
@@ -50,10 +51,8 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
 
         executor = k8s.Kubernetes(**executor_settings(cfg, "kubernetes", k8s.Kubernetes))
         name = k8s_name(cfg.name)
-        beat = cfg.get("heartbeat_interval", 1.0)
-        experiment = k8s.prepare(
-            sim, name, run_dir, executor, heartbeat_interval=beat, **requirements
-        )
+        settings = spec_settings(cfg)
+        experiment = k8s.prepare(sim, name, run_dir, executor, settings, **requirements)
         path = executor.write(experiment, run_dir / "credentials", run_dir / "jobset.yaml")
         jobs = experiment.jobs
         print(
@@ -69,7 +68,7 @@ def cluster(args: Any, cfg: Any, sim: Any, requirements: dict, run_dir: Path) ->
     from dipsjax.runtime.spec import RunSpec
 
     executor = Slurm(**executor_settings(cfg, "slurm", Slurm))
-    spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
+    spec = make_spec(sim, run_dir, credentials=args.credentials, **spec_settings(cfg))
     experiment = Experiment(cfg.name, spec).add(role_jobs(spec, **requirements))
     job_id = executor.launch(experiment)
     print(

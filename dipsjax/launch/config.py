@@ -3,8 +3,10 @@ from the command line, validated whole before anything is written
 (:mod:`dipsjax.launch.schema`), errors naming the field.
 
 A run config has ``name``, ``sim`` (the fields of :class:`~dipsjax.sim.config.SimConfig`),
-optionally ``heartbeat_interval``, ``placement`` (for ``--dry-run``) and ``launch`` (the
-jobs' requirements and the cluster executors' settings: :mod:`dipsjax.launch.core`).
+optionally the run-level settings of :data:`SPEC_FIELDS` (``heartbeat_interval``, the
+followers' data-plane limits: :class:`~dipsjax.runtime.spec.RunSpec` fields of the same
+names), ``placement`` (for ``--dry-run``) and ``launch`` (the jobs' requirements and the
+cluster executors' settings: :mod:`dipsjax.launch.core`).
 
 Overrides: ``--set sim.learners=2 --set launch.learner.cpu_devices=2``: the value is read
 as a Python literal (a string otherwise), must keep the type of the field it replaces, and
@@ -19,7 +21,18 @@ from typing import Any
 
 from dipsjax.sim.config import SimConfig
 
-TOP = {"name", "sim", "heartbeat_interval", "placement", "launch"}
+#: The run config's top-level fields that are :class:`~dipsjax.runtime.spec.RunSpec` fields
+#: of the same name: the runtime's settings, not the experiment's (the simulator has no
+#: heartbeats of its own processes and no data plane).
+SPEC_FIELDS = (
+    "heartbeat_interval",
+    "dataplane_max_connections",
+    "dataplane_max_per_address",
+    "dataplane_first_frame_timeout",
+    "dataplane_idle_timeout",
+    "peer_rpc_cap",
+)
+TOP = {"name", "sim", "placement", "launch", *SPEC_FIELDS}
 
 
 def parse_value(text: str) -> Any:
@@ -87,6 +100,12 @@ def sim_config(
     from dipsjax.launch.schema import validate
 
     return validate(cfg, method, command, plan_only)
+
+
+def spec_settings(cfg: Any) -> dict[str, Any]:
+    """The :data:`SPEC_FIELDS` the config sets, as ``make_spec``'s keyword arguments (the
+    others keep :class:`~dipsjax.runtime.spec.RunSpec`'s defaults)."""
+    return {key: cfg[key] for key in SPEC_FIELDS if key in cfg}
 
 
 def load(name: str, arg: str | None = None, overrides: list[str] | None = None) -> Any:

@@ -32,6 +32,7 @@ import base64
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -269,11 +270,13 @@ def prepare(
     name: str,
     out: Path,
     executor: Kubernetes,
-    heartbeat_interval: float = 1.0,
+    settings: Mapping[str, Any] | None = None,
     **requirements: Any,
 ) -> Experiment:
     """A run of ``sim`` for Kubernetes: credentials for the pods' DNS names (in
-    ``out/credentials``), the cluster spec and its experiment."""
+    ``out/credentials``), the cluster spec and its experiment. ``settings``: the run-level
+    :class:`~dipsjax.runtime.spec.RunSpec` fields (``heartbeat_interval``, the data-plane
+    limits: :func:`dipsjax.launch.config.spec_settings`)."""
     from dipsjax.launch.core import role_jobs
     from dipsjax.launch.run import make_spec
     from dipsjax.runtime.credentials import create
@@ -284,6 +287,6 @@ def prepare(
         h for x in (leader, *hosts) for h in (x, f"{x}.{ns}.svc", f"{x}.{ns}.svc.cluster.local")
     ]
     creds = create(out / "credentials", hosts=[*names, "localhost", "127.0.0.1"])
-    spec = make_spec(sim, out, heartbeat_interval, credentials=creds.directory)
+    spec = make_spec(sim, out, credentials=creds.directory, **dict(settings or {}))
     spec = executor.cluster_spec(spec, name)
     return Experiment(name, spec).add(role_jobs(spec, **requirements))

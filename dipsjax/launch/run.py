@@ -61,18 +61,26 @@ def make_spec(
     heartbeat_interval: float = 1.0,
     credentials: str | Path | None = None,
     tls: bool = True,
+    **settings: Any,
 ) -> RunSpec:
     """The run's spec: ports, credentials, the followers' layers and the corpus's chunks.
 
     ``credentials``: a directory made by ``dipsjax credentials``; by default a fresh set is
-    made in ``RUN_DIR/credentials`` (readable by its owner only).
+    made in ``RUN_DIR/credentials`` (readable by its owner only). ``settings``: other
+    :class:`RunSpec` fields, e.g. the run config's data-plane limits
+    (:func:`dipsjax.launch.config.spec_settings` gives them with ``heartbeat_interval``).
     """
     with permissions.restricted():  # the run's files its owner's alone (or its group's)
-        return _make_spec(sim, run_dir, heartbeat_interval, credentials, tls)
+        return _make_spec(sim, run_dir, heartbeat_interval, credentials, tls, settings)
 
 
 def _make_spec(
-    sim: SimConfig, run_dir: Path, heartbeat_interval: float, credentials: Any, tls: bool
+    sim: SimConfig,
+    run_dir: Path,
+    heartbeat_interval: float,
+    credentials: Any,
+    tls: bool,
+    settings: dict[str, Any],
 ) -> RunSpec:
     import numpy as np
 
@@ -85,7 +93,8 @@ def _make_spec(
         # Names what is missing or readable by others now, before anything is written.
         load_credentials(credentials)
     permissions.make_dir(run_dir)
-    probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval)
+    # Checks the settings before anything else is written.
+    probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **settings)
     if credentials is None:
         credentials = create_credentials(Path(run_dir) / "credentials").directory
     paths, params = model_layout(probe)
@@ -110,6 +119,7 @@ def _make_spec(
         heartbeat_interval=heartbeat_interval,
         tls=tls,
         fingerprint=fingerprint,
+        **settings,
     )
 
 
@@ -640,7 +650,9 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError, RuntimeError, TimeoutError) as e:
             parser.error(f"{args.config}: {e}")
     try:
-        spec = make_spec(sim, run_dir, cfg.get("heartbeat_interval", 1.0), args.credentials)
+        spec = make_spec(
+            sim, run_dir, credentials=args.credentials, **run_config.spec_settings(cfg)
+        )
     except (FileNotFoundError, ValueError, PermissionError) as e:
         parser.error(str(e))
     print(

@@ -1,9 +1,9 @@
 """One validation pass over a run's whole config, before anything is written or started.
 
 The schema is declarative: :data:`TOP`, :data:`SIM`, :data:`REQUIREMENTS`, :data:`SLURM` and
-:data:`KUBERNETES` give each field its rule (type, range or allowed set), :data:`CROSS` the
-rules between fields. :func:`validate` applies them all and returns the run's
-:class:`~dipsjax.sim.config.SimConfig`; the first field that breaks its rule raises
+:data:`KUBERNETES` give each field its rule (type, range or allowed set), :data:`CROSS` and
+:data:`TOP_CROSS` the rules between fields. :func:`validate` applies them all and returns
+the run's :class:`~dipsjax.sim.config.SimConfig`; the first field that breaks its rule raises
 :class:`ConfigError`, which names the field by its dotted path, the allowed values and the
 value it got (``config sim.batch_size: must be an integer in [1, 65536], got 0``).
 
@@ -23,6 +23,7 @@ from typing import Any
 
 from dipsjax.data.corpus import BUILTIN_CORPORA, corpus_documents
 from dipsjax.model.configs import CONFIG_NAMES
+from dipsjax.runtime.spec import RunSpec
 from dipsjax.sim import config as sim_lib
 from dipsjax.syncer import methods as methods_lib
 
@@ -180,6 +181,7 @@ SIM: dict[str, Rule] = {
     "grace_gamma": Real(0, 0.999999),
     "rda": BOOL,
     "round_token_scale": BOOL,
+    "refuse_nonfinite": BOOL,
     "overlap": BOOL,
     "adopt": OneOf(("replace", "delta")),
     "alpha": Real(0, 1, open_lo=True),
@@ -200,11 +202,30 @@ SIM: dict[str, Rule] = {
     "seed": Int(0, 2**32 - 1),
 }
 
-#: The run config's own fields (``launch`` and ``placement`` are checked by their tables).
+MAX_CONNECTIONS = 65536
+
+#: The run config's own fields (``launch`` and ``placement`` are checked by their tables);
+#: all but ``name`` are :class:`~dipsjax.runtime.spec.RunSpec` fields
+#: (:data:`dipsjax.launch.config.SPEC_FIELDS`).
 TOP: dict[str, Rule] = {
     "name": NAME,
     "heartbeat_interval": Real(0, 3600, open_lo=True),
+    "dataplane_max_connections": Int(1, MAX_CONNECTIONS),
+    "dataplane_max_per_address": Int(1, MAX_CONNECTIONS),
+    "dataplane_first_frame_timeout": Real(0, 3600, open_lo=True),
+    "dataplane_idle_timeout": Real(0, 86400, open_lo=True),
+    "peer_rpc_cap": Int(0, MAX_CONNECTIONS),
 }
+
+#: Rules between the run config's own fields: (field named, allowed (formatted with the
+#: fields), predicate over the fields; those not set at RunSpec's defaults).
+TOP_CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
+    (
+        "dataplane_max_per_address",
+        "at most dataplane_max_connections ({dataplane_max_connections})",
+        lambda c: c["dataplane_max_per_address"] <= c["dataplane_max_connections"],
+    ),
+)
 
 #: :class:`~dipsjax.launch.core.Requirements` fields (``launch.learner``, ``launch.leader``...).
 REQUIREMENTS: dict[str, Rule] = {
@@ -334,6 +355,7 @@ CROSS += (
 )
 
 SIM_DEFAULTS = {f.name: f.default for f in dataclasses.fields(sim_lib.SimConfig)}
+TOP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(RunSpec) if f.name in TOP}
 SEQUENCES = ("speeds", "bandwidth_gbps", "failures", "joins", "leaves")
 
 
@@ -437,9 +459,9 @@ def check_placement(block: Any, learners: int) -> None:
 def validate(
     cfg: Any, method: str | None = None, command: str = "run", plan_only: bool = False
 ) -> sim_lib.SimConfig:
-    """Every field of a run config (``name``, ``heartbeat_interval``, ``sim``, ``launch``,
-    ``placement``) checked against its rule and the cross-field rules; nothing is written.
-    ``method`` (``--method``) replaces ``sim.method``; ``plan_only``: for ``--dry-run``
+    """Every field of a run config (``name``, the run-level settings of :data:`TOP`, ``sim``,
+    ``launch``, ``placement``) checked against its rule and the cross-field rules; nothing is
+    written. ``method`` (``--method``) replaces ``sim.method``; ``plan_only``: for ``--dry-run``
     (the rules only a run needs are skipped). Returns the run's SimConfig."""
     cfg = _plain(cfg)
     if not isinstance(cfg, Mapping):
@@ -453,6 +475,10 @@ def validate(
     for key, rule in TOP.items():
         if key in cfg:
             rule(key, cfg[key])
+    top = {**TOP_DEFAULTS, **{key: cfg[key] for key in TOP if key in cfg}}
+    for name, allowed, ok in TOP_CROSS:
+        if not ok(top):
+            raise ConfigError(name, allowed.format_map(top), top[name])
     if "sim" not in cfg:
         raise ConfigError("sim", "a block of SimConfig fields", None)
     sim = dict(cfg["sim"]) if isinstance(cfg["sim"], Mapping) else cfg["sim"]

@@ -114,13 +114,11 @@ class FollowerNode:
             k,
             shard,
             tx,
-            capacity=spec.sim.learners,
             reference=method.reference,
             version=version,
             opt_state=None if opt_state is None else jax.tree.map(jnp.asarray, opt_state),
-            version_cache=spec.sim.version_cache,
             ended=ended,
-            learners=spec.sim.learners,  # learner ids are 0..learners-1
+            **spec.sim.follower_options(),  # as the simulator's followers
         )
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
@@ -147,6 +145,7 @@ class FollowerNode:
             port=port,
             ssl_context=spec.ssl_server(),
             expect=self._expect,
+            **spec.dataplane_limits(),
         )
         self.refusals = RefusalLog(
             REFUSAL_LOG_INTERVAL,

@@ -435,10 +435,16 @@ class LearnerNode:
             self.push(plan, self.delta)
         except TRANSFER_ERRORS as e:
             print(f"learner {self.j}: push of round {plan.round_id} failed ({e})", flush=True)
-            replayed = getattr(e, "kind", None) == "replayed"
-            up = () if replayed else self._followers_up()
+            kind = getattr(e, "kind", None)
+            replayed, nonfinite = kind == "replayed", kind == "nonfinite"
+            up = () if replayed or nonfinite else self._followers_up()
             return self.proto.on_pushed(
-                plan.round_id, self.now(), failed=True, replayed=replayed, followers_up=up
+                plan.round_id,
+                self.now(),
+                failed=True,
+                replayed=replayed,
+                nonfinite=nonfinite,
+                followers_up=up,
             )
         return self.proto.on_pushed(plan.round_id, self.now())
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import ssl
 from pathlib import Path
@@ -85,6 +86,15 @@ class RunSpec:
       peer_rpc_cap: calls the leader serves at once from one host (a ``Watch`` stream
         counts while it is open); the server serves at most 4 times as many in all. 0:
         sized from the job (:func:`dipsjax.runtime.leader.rpc_caps`).
+      dataplane_max_connections, dataplane_max_per_address: each follower's data-plane
+        server holds at most this many connections at once, and this many from one peer
+        address (at most ``dataplane_max_connections``); one more is refused (``cap``).
+      dataplane_first_frame_timeout: seconds a new data-plane connection has for its TLS
+        handshake and first frame (else closed: ``first_frame``).
+      dataplane_idle_timeout: seconds an authenticated data-plane connection may stay silent
+        before it is closed (``idle``). The four are
+        :class:`~dipsjax.transport.dataplane.DataPlaneServer`'s limits
+        (:meth:`dataplane_limits`), set from the run config's fields of the same names.
     """
 
     sim: SimConfig
@@ -109,11 +119,21 @@ class RunSpec:
     tls: bool = True
     fingerprint: str = ""
     peer_rpc_cap: int = 0
+    dataplane_max_connections: int = 256
+    dataplane_max_per_address: int = 64
+    dataplane_first_frame_timeout: float = 5.0
+    dataplane_idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         def hostport(a: str) -> bool:
             host, _, port = a.rpartition(":")
             return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+        def count(x: Any) -> bool:
+            return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+        def seconds(x: Any) -> bool:
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
 
         n = len(self.followers)
         checks = [
@@ -143,6 +163,24 @@ class RunSpec:
             ),
             (self.transfer_patience > 0, "transfer_patience", "> 0 seconds"),
             (self.peer_rpc_cap >= 0, "peer_rpc_cap", ">= 0 (0: sized from the job)"),
+            (count(self.dataplane_max_connections), "dataplane_max_connections", "an int >= 1"),
+            (
+                count(self.dataplane_max_per_address)
+                and count(self.dataplane_max_connections)
+                and self.dataplane_max_per_address <= self.dataplane_max_connections,
+                "dataplane_max_per_address",
+                f"an int in [1, dataplane_max_connections = {self.dataplane_max_connections!r}]",
+            ),
+            (
+                seconds(self.dataplane_first_frame_timeout),
+                "dataplane_first_frame_timeout",
+                "finite and > 0 seconds",
+            ),
+            (
+                seconds(self.dataplane_idle_timeout),
+                "dataplane_idle_timeout",
+                "finite and > 0 seconds",
+            ),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -175,6 +213,16 @@ class RunSpec:
     def ssl_client(self) -> ssl.SSLContext | None:
         """The data-plane client's TLS context (``None`` without TLS)."""
         return self.secrets.ssl_client() if self.tls else None
+
+    def dataplane_limits(self) -> dict[str, Any]:
+        """The keyword arguments of each follower's
+        :class:`~dipsjax.transport.dataplane.DataPlaneServer` that bound its connections."""
+        return {
+            "max_connections": self.dataplane_max_connections,
+            "max_per_address": self.dataplane_max_per_address,
+            "first_frame_timeout": self.dataplane_first_frame_timeout,
+            "idle_timeout": self.dataplane_idle_timeout,
+        }
 
     def method_settings(self) -> Any:
         """The method's settings for this run: the experiment's, with the runtime's

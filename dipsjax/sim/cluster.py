@@ -124,6 +124,8 @@ class FollowerDisk:
             opt_state=jax.tree.map(lambda x: jnp.array(x, copy=True), opt_state),
             version_cache=dead.version_cache,
             ended=ended,
+            learners=dead.learners,
+            refuse_nonfinite=dead.refuse_nonfinite,
         )
         f.address = dead.address
         if self.inputs is not None:
@@ -154,7 +156,7 @@ class LocalCluster:
         self.phases = {"push": 0.0, "update": 0.0}
         # The followers' Save commands by kind (what a runtime would write).
         self.saves: collections.Counter[str] = collections.Counter()
-        self.refused = 0  # pushes a follower refused (a round that ended meanwhile)
+        self.refused = 0  # pushes a follower refused (a round that ended meanwhile; NaN)
         self.exits: dict[int, m.Exit] = {}  # followers told to end (Stop)
         self.hung_until = [float("-inf")] * len(followers)
         self.deaf_until = [float("-inf")] * len(followers)
@@ -333,10 +335,12 @@ class LocalCluster:
         way, and nothing is delivered (no partial data enters a round). ``incarnation``: of
         the pushing learner process (staged with its shards, and in its ``TransferDone``).
         A follower refuses a push for a round that ended meanwhile (discarded after a
-        follower was lost): counted in ``refused``, as the data plane would. Once
-        delivered, ``delivered(t, refused)`` is called (the learner's protocol reports the
-        transfer done; ``refused``: the refusal's kind, or ``None``), or, without it, the
-        cluster tells the leader itself (``TransferDone``).
+        follower was lost), or, with ``refuse_nonfinite``, one holding NaN or Inf: counted
+        in ``refused``, as the data plane would. Once delivered, ``delivered(t, refused)``
+        is called (the learner's protocol reports the transfer done; ``refused``: the
+        refusal's kind, ``nonfinite`` first, or ``None``), or, without it, the cluster tells
+        the leader itself what the learner's protocol would (``TransferDone``; ``Leave``
+        for a push refused as not finite).
         """
         j, w = action.learner, self.world
         free = t + w.cfg.latency
@@ -369,12 +373,14 @@ class LocalCluster:
                 try:
                     f.receive(action.round_id, j, part, incarnation)
                 except PushRefused as e:
-                    if e.kind not in ("replayed", "incarnation"):
+                    if e.kind not in ("replayed", "incarnation", "nonfinite"):
                         raise  # a shard that does not fit: a bug of the simulator
                     self.refused += 1
-                    refused = e.kind
+                    refused = "nonfinite" if refused == "nonfinite" else e.kind
             if delivered is not None:
                 delivered(t_end, refused)
+            elif refused == "nonfinite":
+                self.feed(m.Leave(t_end, j))
             else:
                 self.feed(m.TransferDone(t_end, j, action.round_id, incarnation))
 

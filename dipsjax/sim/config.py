@@ -42,7 +42,10 @@ class SimConfig:
     on timing, and a run stopped and resumed ends where an uninterrupted one does.
 
     Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
-    round by its share of a full round's tokens).
+    round by its share of a full round's tokens); ``refuse_nonfinite`` (each follower refuses
+    a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
+    comes back as a new incarnation. Off: the push is staged and the leader rejects it in
+    the round by its non-finite squared norm, as the papers' rule does).
     """
 
     method: str = "dips"
@@ -75,6 +78,7 @@ class SimConfig:
     grace_gamma: float = 0.9
     rda: bool = True
     round_token_scale: bool = False
+    refuse_nonfinite: bool = False
     overlap: bool = False
     adopt: str = "replace"
     alpha: float = rules.AnomalyConfig.alpha
@@ -168,6 +172,16 @@ class SimConfig:
             min_max_score=self.min_max_score,
             min_sigma_ratio=self.min_sigma_ratio,
         )
+
+    def follower_options(self) -> dict[str, Any]:
+        """The keyword arguments every :class:`~dipsjax.syncer.follower.Follower` of this
+        experiment is built with, in the simulator and in the runtime alike."""
+        return {
+            "capacity": self.learners,
+            "learners": self.learners,  # learner ids are 0..learners-1
+            "version_cache": self.version_cache,
+            "refuse_nonfinite": self.refuse_nonfinite,
+        }
 
     def method_settings(
         self, layer_owner: tuple[int, ...] = (), num_followers: int = 1

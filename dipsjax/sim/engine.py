@@ -189,6 +189,9 @@ class Engine:
         if sl.alive and self.learners[sl.j] is sl:
             if refused is None:
                 self.carry_out(sl, sl.proto.on_pushed(round_id, t), t)
+            elif refused == "nonfinite":  # refuse_nonfinite: it leaves, a new one comes
+                done = sl.proto.on_pushed(round_id, t, failed=True, nonfinite=True)
+                self.carry_out(sl, done, t)
             else:  # a follower refused it (the round ended meanwhile): wait for its pull
                 done = sl.proto.on_pushed(round_id, t, failed=True, replayed=True)
                 self.carry_out(sl, done, t)

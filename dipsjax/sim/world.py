@@ -122,14 +122,7 @@ class World:
 
         tx = method.make_tx()
         return [
-            Follower(
-                k,
-                shard,
-                tx,
-                capacity=self.cfg.learners,
-                reference=method.reference,
-                version_cache=self.cfg.version_cache,
-            )
+            Follower(k, shard, tx, reference=method.reference, **self.cfg.follower_options())
             for k, shard in enumerate(self.split(self.init_params))
         ]
 

@@ -46,7 +46,10 @@ Faults:
 * A failed push (:meth:`on_pushed` with ``failed``): a replay refusal (the round ended
   without it) or a follower of its plan down -> wait for the round's pull (the leader
   discards or finishes that round); every follower of its plan up -> its link is down:
-  ``Send(Leave)``, ``Exit(UNREACHABLE)``.
+  ``Send(Leave)``, ``Exit(UNREACHABLE)``; refused as not finite (a follower's
+  ``refuse_nonfinite``: its inner state diverged) -> ``Send(Leave)``, so the leader drops
+  the push and the round goes on without it, and ``Exit(EVICTED)``: the launcher starts
+  a new incarnation, which pulls the global model and trains from a fresh inner state.
 """
 
 from __future__ import annotations
@@ -323,14 +326,23 @@ class LearnerProtocol:
         *,
         failed: bool = False,
         replayed: bool = False,
+        nonfinite: bool = False,
         followers_up: Iterable[int] = (),
     ) -> list[Command]:
         """A ``Push`` of round ``round_id`` ended: every shard delivered, or ``failed``
         (``replayed``: a follower refused it as a replay of a round that ended;
-        ``followers_up``: the followers the leader hears from, asked after the failure)."""
+        ``nonfinite``: a follower refused it as holding NaN or Inf; ``followers_up``: the
+        followers the leader hears from, asked after the failure)."""
         plan = self.plan
         if plan is None or round_id != plan.round_id or self.state is State.EXITED:
             return []
+        if failed and nonfinite:
+            # No follower will take it: the leader drops it when it leaves (the round goes
+            # on without it), and a new incarnation starts afresh from the global model.
+            return [
+                Send(Leave(now, self.learner)),
+                *self._exit(ExitCode.EVICTED, f"round {round_id}: push refused as not finite"),
+            ]
         if failed:
             targets = {tr.follower for tr in plan.transfers}
             if not replayed and targets <= set(followers_up):

@@ -71,7 +71,17 @@ DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: one tensor of 512M float32 values
 # An ERROR frame's ``tensor`` field: 0 when sending again may help (a broken transfer),
 # ``REFUSED + i`` when the transfer itself is refused, of kind ``REFUSAL_KINDS[i]``.
 REFUSED = 1
-REFUSAL_KINDS = ("push", "pull", "frame", "layout", "shape", "incarnation", "replayed", "ticket")
+REFUSAL_KINDS = (
+    "push",
+    "pull",
+    "frame",
+    "layout",
+    "shape",
+    "incarnation",
+    "replayed",
+    "nonfinite",
+    "ticket",
+)
 
 _HEAD = struct.Struct("<4sBBBBqiiqIIQQQ16s")  # ... crc, ticket
 _HEAD_CRC = struct.Struct("<I")

@@ -52,6 +52,49 @@ def test_the_issues_nonsense_values_are_refused_up_front_with_the_field_named(ov
     assert "got " in message
 
 
+# The followers' data-plane limits (run-level: RunSpec fields, not SimConfig's).
+DATAPLANE_EXAMPLES = [
+    ("dataplane_max_connections=0", "dataplane_max_connections"),
+    ("dataplane_max_connections=1000000", "dataplane_max_connections"),
+    ("dataplane_max_connections=True", "dataplane_max_connections"),
+    ("dataplane_max_per_address=2.0", "dataplane_max_per_address"),
+    ("dataplane_max_per_address=-1", "dataplane_max_per_address"),
+    ("dataplane_max_per_address=300", "dataplane_max_per_address"),  # > 256, the default
+    ("dataplane_max_connections=32", "dataplane_max_per_address"),  # 64, the default, > 32
+    ("dataplane_first_frame_timeout=0.0", "dataplane_first_frame_timeout"),
+    ("dataplane_first_frame_timeout=1e999", "dataplane_first_frame_timeout"),
+    ("dataplane_idle_timeout=-5.0", "dataplane_idle_timeout"),
+    ("dataplane_idle_timeout='60'", "dataplane_idle_timeout"),
+    ("sim.refuse_nonfinite=1", "sim.refuse_nonfinite"),
+]
+
+
+@pytest.mark.parametrize(("override", "field"), DATAPLANE_EXAMPLES)
+def test_bad_follower_settings_are_refused_with_the_field_named(override, field):
+    cfg = run_config.load("quickstart", "ci", [override])
+    with pytest.raises(ValueError) as info:
+        run_config.sim_config(cfg)
+    assert f"config {field}: must be " in str(info.value), str(info.value)
+
+
+def test_the_per_address_cap_is_checked_against_the_connection_cap():
+    cfg = run_config.load("quickstart", "ci", ["dataplane_max_connections=32"])
+    with pytest.raises(ValueError) as info:
+        run_config.sim_config(cfg)
+    assert str(info.value) == (
+        "config dataplane_max_per_address: must be at most dataplane_max_connections (32), got 64"
+    )
+    ok = ["dataplane_max_connections=32", "dataplane_max_per_address=32"]
+    run_config.sim_config(run_config.load("quickstart", "ci", ok))
+    cfg = run_config.load("quickstart", "ci", [*ok, "dataplane_idle_timeout=5"])
+    assert run_config.spec_settings(cfg) == {
+        "heartbeat_interval": 2.0,
+        "dataplane_max_connections": 32,
+        "dataplane_max_per_address": 32,
+        "dataplane_idle_timeout": 5,
+    }
+
+
 def _run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dipsjax.cli", "run", "quickstart", "--arg", "ci", *args],
@@ -200,7 +243,9 @@ def _usable(cfg: dict, sim) -> None:
     requirements_from_config(cfg)
     Slurm(**executor_settings(cfg, "slurm", Slurm))
     Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
-    RunSpec(sim, "", (), "", "runs/x", (), 0, cfg.get("heartbeat_interval", 1.0))
+    spec = RunSpec(sim, "", (), "", "runs/x", (), 0, **run_config.spec_settings(cfg))
+    limits = spec.dataplane_limits()  # what the followers' DataPlaneServer is given
+    assert 1 <= limits["max_per_address"] <= limits["max_connections"]
     chunks = _chunks(sim.corpus, sim.chunk_len, sim.validation_doc)  # what make_spec reads
     new_ledger(int(chunks), batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
     np.random.default_rng(sim.seed)
@@ -247,6 +292,7 @@ def test_every_field_has_a_rule():
     from dipsjax.launch.core import Requirements
     from dipsjax.launch.kubernetes import Kubernetes
     from dipsjax.launch.slurm import Slurm
+    from dipsjax.runtime.spec import RunSpec
     from dipsjax.sim.config import SimConfig
 
     for cls, table in [
@@ -256,6 +302,10 @@ def test_every_field_has_a_rule():
         (Kubernetes, schema.KUBERNETES),
     ]:
         assert {f.name for f in dataclasses.fields(cls)} == set(table), cls
+    # The run-level fields: each a RunSpec field with a rule, and one --set accepts.
+    assert set(schema.TOP) == {"name", *run_config.SPEC_FIELDS}
+    assert set(run_config.SPEC_FIELDS) <= {f.name for f in dataclasses.fields(RunSpec)}
+    assert set(run_config.SPEC_FIELDS) <= run_config.TOP
 
 
 # ---- every config shipped validates ---------------------------------------------------

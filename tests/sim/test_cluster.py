@@ -195,3 +195,31 @@ def test_a_hung_follower_found_lost_rejoins_once_and_the_next_round_applies(late
     ]
     assert tape.count(("lost", 1)) == 2  # found silent, then its own word (nothing more)
     assert tape.count(("joined", 1)) == 1  # one Rejoin, one join
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_nan_push_is_kept_out_of_the_round_and_the_round_goes_on(refuse, monkeypatch):
+    """Learner 0's push holds a NaN. Off (the papers' rule): staged, rejected by its norm.
+    On (``refuse_nonfinite``): follower 0 refuses it on arrival, the learner leaves (what
+    its protocol says), the leader drops its push and applies the round with learner 1."""
+    nan = {"a": np.full((2, 2), np.nan, np.float32), "b": DELTAS[0]["b"]}
+    monkeypatch.setitem(DELTAS, 0, nan)
+    cluster, learners = _cluster()
+    for f in cluster.followers:
+        f.refuse_nonfinite = refuse
+    learners.push(1.0, 0, 0)
+    learners.push(1.0, 1, 0)
+    _run(cluster, 10.0)
+    assert _outcomes(cluster) == [("applied", 0)]
+    (record,) = cluster.leader.tape.rounds()
+    learners_in = [p["learner"] for p in record["participants"]]
+    assert learners_in == ([1] if refuse else [0, 1])
+    assert [f.refused["nonfinite"] for f in cluster.followers] == [int(refuse), 0]
+    assert cluster.leader.refused["nonfinite"] == (0 if refuse else 1)
+    assert (0 in cluster.leader.members) == (not refuse)
+    model = _model(cluster)
+    assert all(np.isfinite(np.asarray(x)).all() for x in model.values())
+    # Only learner 1's pseudo-gradient moved the model (weight 1: the only one accepted).
+    want = {p: MODEL[p] - 0.7 * 1.8 * DELTAS[1][p] for p in MODEL}
+    for p in MODEL:
+        np.testing.assert_allclose(np.asarray(model[p]), want[p], rtol=1e-6, atol=1e-7)

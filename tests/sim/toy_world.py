@@ -141,14 +141,7 @@ class ToyWorld(World):
             _TX_CACHE[key] = method.make_tx()
         tx = _TX_CACHE[key]
         return [
-            Follower(
-                k,
-                shard,
-                tx,
-                capacity=self.cfg.learners,
-                reference=method.reference,
-                version_cache=self.cfg.version_cache,
-            )
+            Follower(k, shard, tx, reference=method.reference, **self.cfg.follower_options())
             for k, shard in enumerate(self.split(self.init_params))
         ]
 

@@ -230,6 +230,21 @@ def test_a_failed_push_with_its_followers_up_leaves_and_exits_unreachable():
     ]
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_push_refused_as_not_finite_leaves_and_exits_for_a_new_incarnation(overlap):
+    """A follower's ``refuse_nonfinite`` refused it: no follower will take it again, so the
+    learner leaves (the leader drops the push and goes on) whatever followers are up."""
+    p = LearnerProtocol(J, overlap=overlap)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    p.on_action(plan(3, followers=(0, 1)), 2.0)
+    assert p.on_pushed(3, 9.0, failed=True, nonfinite=True, followers_up={0}) == [
+        m.Send(m.Leave(9.0, J)),
+        m.Exit(m.ExitCode.EVICTED, "round 3: push refused as not finite"),
+    ]
+    assert p.state is State.EXITED
+
+
 @pytest.mark.parametrize(("replayed", "up"), [(True, {0, 1}), (False, {0})])
 def test_a_failed_push_to_a_follower_down_or_refused_as_replay_waits_for_the_pull(replayed, up):
     p = LearnerProtocol(J)

@@ -72,6 +72,22 @@ def test_refusals_reach_the_sender_and_the_server_keeps_serving(follower):
     assert (1, 1) in follower.pushes
 
 
+@pytest.mark.parametrize("kind", ["layout", "shape", "incarnation", "replayed", "nonfinite"])
+def test_each_kind_a_follower_core_refuses_with_reaches_the_learner(follower, kind):
+    """The learner's protocol acts on the kind (a replay waits for the pull; a push refused
+    as not finite leaves), so every kind of ``PushRefused`` crosses the wire as itself."""
+    from dipsjax.syncer.follower import PushRefused
+
+    def refuse(*args):
+        raise PushRefused(kind, f"refused as {kind}")
+
+    follower.server.on_push = refuse
+    with pytest.raises(dp.TransferError, match=f"refused as {kind}") as e:
+        dp.DataPlaneClient(follower.server.address).push(3, 1, 0, 0, PARAMS.items())
+    assert e.value.refused and e.value.kind == kind
+    assert follower.server.refused == {kind: 1}
+
+
 def test_refusals_are_counted_by_kind_and_only_broken_transfers_may_be_retried(follower):
     """A handler's refusal carries its ``kind``; a checksum mismatch is a broken transfer
     (sending again may help), a refusal is final: the learner does not retry it."""

@@ -66,6 +66,8 @@ DATAPLANE_EXAMPLES = [
     ("dataplane_idle_timeout=-5.0", "dataplane_idle_timeout"),
     ("dataplane_idle_timeout='60'", "dataplane_idle_timeout"),
     ("sim.refuse_nonfinite=1", "sim.refuse_nonfinite"),
+    ("peer_rpc_cap=-1", "peer_rpc_cap"),
+    ("peer_rpc_cap=True", "peer_rpc_cap"),
 ]
 
 

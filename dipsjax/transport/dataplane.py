@@ -41,6 +41,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import math
 import queue
@@ -99,6 +100,10 @@ class Refusal(ValueError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class _Evicted(Exception):
+    """A connection closed, before it authenticated, to make room for a newer one."""
 
 
 class TransferError(RuntimeError):
@@ -460,6 +465,14 @@ class DataPlaneServer:
         self.first_frame_timeout = float(first_frame_timeout)
         self.idle_timeout = float(idle_timeout)
         self._open: collections.Counter[str] = collections.Counter()  # peer address -> open
+        # Connections not yet authenticated (TLS handshake, or without TLS the first frame,
+        # not done), oldest first: id -> (peer address, socket). At a cap, the oldest of
+        # them (from the same address, when that cap is the one reached) is closed to make
+        # room (``evicted``): idle or half-open sockets from a host cannot shut out a job
+        # process of that host, whose handshake takes milliseconds. Established connections
+        # are never evicted; when they alone fill a cap, a new one is refused (``cap``).
+        self._pending: dict[int, tuple[str, socket.socket]] = {}
+        self._ids = itertools.count()
         # expect(header) of each PUSH frame before its body is read: raising Refusal (or
         # ValueError, kind "push") refuses the push and closes the connection.
         self.expect = expect
@@ -531,14 +544,15 @@ class DataPlaneServer:
                 continue
             delay = ACCEPT_BACKOFF[0]
             ip = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+            cid = next(self._ids)
             with self._lock:
-                over = (
-                    self.stats["open_connections"] >= self.max_connections
-                    or self._open[ip] >= self.max_per_address
-                )
+                over, evicted = self._make_room(ip)
                 if not over:
                     self._open[ip] += 1
                     self.stats["open_connections"] += 1
+                    self._pending[cid] = (ip, conn)
+            if evicted is not None:
+                self._error(None, "evicted", f"unauthenticated connection from {evicted} closed")
             if over:  # counted before it is closed: the peer sees the count
                 self._error(None, "cap", f"connection from {ip} over the connection caps")
                 with contextlib.suppress(OSError):
@@ -546,15 +560,40 @@ class DataPlaneServer:
                 continue
             try:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                t = threading.Thread(target=self._connection, args=(conn, ip), daemon=True)
+                t = threading.Thread(target=self._connection, args=(conn, ip, cid), daemon=True)
                 t.start()
             except (OSError, RuntimeError) as e:  # no thread to be had: transient as well
+                self._settle(cid)
                 self._release(ip)
                 with contextlib.suppress(OSError):
                     conn.close()
                 self._error(None, "accept", f"connection from {ip} dropped: {e}")
                 continue
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _make_room(self, ip: str) -> tuple[bool, str | None]:
+        """Under ``_lock``, for a new connection from ``ip``: ``(over, evicted)``: still
+        over a cap, and the address of the unauthenticated connection closed to make room
+        (its thread counts it out when it ends; until then the caps may be passed by the
+        connections being evicted)."""
+        per_address = self._open[ip] >= self.max_per_address
+        if not per_address and self.stats["open_connections"] < self.max_connections:
+            return False, None
+        victim = next(
+            (c for c, (a, _) in self._pending.items() if a == ip or not per_address), None
+        )
+        if victim is None:
+            return True, None
+        address, sock = self._pending.pop(victim)
+        with contextlib.suppress(OSError):  # its fd is open: closed only once settled
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # raw, past any TLS object
+        return False, address
+
+    def _settle(self, cid: int) -> bool:
+        """The connection ``cid`` is authenticated or ending: no longer evictable. False
+        if it was evicted already (then counted as such, not again)."""
+        with self._lock:
+            return self._pending.pop(cid, None) is not None
 
     def _release(self, ip: str) -> None:
         with self._lock:
@@ -563,31 +602,41 @@ class DataPlaneServer:
                 del self._open[ip]
             self.stats["open_connections"] -= 1
 
-    def _connection(self, sock: socket.socket, ip: str = "") -> None:
+    def _connection(self, sock: socket.socket, ip: str = "", cid: int = -1) -> None:
         try:
-            self._converse(sock)
+            self._converse(sock, cid)
         finally:
+            self._settle(cid)  # before any close: an evicted fd is never reused meanwhile
             with contextlib.suppress(OSError):
                 sock.close()
             self._release(ip)
 
-    def _converse(self, sock: socket.socket) -> None:
+    def _converse(self, sock: socket.socket, cid: int = -1) -> None:
         """One connection: TLS (if any) and its first frame within ``first_frame_timeout``;
-        then frames until the peer hangs up or is silent for ``idle_timeout``."""
+        then frames until the peer hangs up or is silent for ``idle_timeout``. Until its
+        TLS handshake (without TLS: its first frame) it may be evicted (see ``_pending``)."""
         deadline = time.monotonic() + self.first_frame_timeout
         sock.settimeout(self.first_frame_timeout)
         if self.ssl_context is not None:
-            try:  # in this connection's thread: a slow or bad handshake holds no one else
-                sock = self.ssl_context.wrap_socket(sock, server_side=True)
-            except TimeoutError:
-                self._error(None, "first_frame", "no TLS handshake within the first-frame deadline")
-                sock.close()
-                return
+            # In this connection's thread: a slow or bad handshake holds no one else.
+            sock = self.ssl_context.wrap_socket(
+                sock, server_side=True, do_handshake_on_connect=False
+            )
+            try:
+                sock.do_handshake()
             except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
-                self._error(None, "tls", f"TLS handshake refused: {e}")
+                if self._settle(cid):  # else evicted (counted then)
+                    if isinstance(e, TimeoutError):
+                        message = "no TLS handshake within the first-frame deadline"
+                        self._error(None, "first_frame", message)
+                    else:
+                        self._error(None, "tls", f"TLS handshake refused: {e}")
                 sock.close()
                 return
-        first = True
+            if not self._settle(cid):  # evicted as its handshake ended
+                sock.close()
+                return
+        first, pending = True, self.ssl_context is None  # pending: not yet settled
         with sock:
             try:
                 while not self._closed.is_set():
@@ -595,7 +644,8 @@ class DataPlaneServer:
                     if first:
                         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
                     try:
-                        header, payload, scales = read_frame(sock, self.max_frame, self._expect)
+                        settles, pending = (cid if pending else None), False
+                        header, payload, scales = self._read(sock, settles)
                     except ChecksumError as e:
                         (header, payload, scales), problem = e.frame, str(e)
                     except FrameError as e:
@@ -624,8 +674,17 @@ class DataPlaneServer:
                 self._error(sock, e.kind, str(e), refused=True)
             except FrameError as e:  # malformed mid-push: nothing was staged
                 self._error(sock, "frame", str(e))
-            except OSError:
+            except (OSError, _Evicted):
                 return
+
+    def _read(self, sock: socket.socket, cid: int | None) -> tuple[Header, Any, Any]:
+        """A frame; the connection's first (``cid`` given: no TLS) settles it, and raises
+        :class:`_Evicted` instead of what it got if the connection was evicted meanwhile."""
+        try:
+            return read_frame(sock, self.max_frame, self._expect)
+        finally:
+            if cid is not None and not self._settle(cid):
+                raise _Evicted
 
     def _expect(self, header: Header) -> None:
         if header.kind != PUSH or self.expect is None:

@@ -60,35 +60,59 @@ def test_an_unauthenticated_silent_connection_is_closed_after_the_first_frame_de
         f.server.close()
 
 
-def test_idle_sockets_beyond_the_caps_are_closed_at_once_counted_and_a_client_is_served():
+def test_idle_sockets_at_the_caps_make_room_for_a_client_oldest_first():
+    """Bug (the full hostile benchmark): idle sockets from the learners' own host filled
+    the per-address cap and a restarted learner was refused ``cap`` until they left. Now a
+    new connection closes the oldest unauthenticated one of its address (``evicted``)."""
     f = Follower(max_connections=6, max_per_address=4, first_frame_timeout=30.0)
     try:
         held = [socket.create_connection(f.server.address, timeout=10) for _ in range(4)]
         assert _until(lambda: f.server.stats["open_connections"] == 4)
-        extra = [socket.create_connection(f.server.address, timeout=10) for _ in range(3)]
-        assert all(_closed_by_peer(s) for s in extra)  # the per-address cap (4)
-        assert f.server.refused["cap"] == 3
-        assert not _closed_by_peer(held[0], within=0.2)  # the held ones stay open
-        for s in held:
-            s.close()
-        assert _until(lambda: f.server.stats["open_connections"] == 0)
         client = dp.DataPlaneClient(f.server.address, timeout=10)
-        client.push(2, 1, 0, 0, PARAMS.items())
+        client.push(2, 1, 0, 0, PARAMS.items())  # served: the oldest idle one made room
         assert sorted(f.pushes) == [(2, 1)]
+        assert _closed_by_peer(held[0]) and not _closed_by_peer(held[1], within=0.2)
+        extra = [socket.create_connection(f.server.address, timeout=10) for _ in range(3)]
+        assert all(_closed_by_peer(s) for s in held[1:])  # oldest first
+        assert not any(_closed_by_peer(s, within=0.2) for s in extra)
+        assert f.server.refused["evicted"] == 4 and f.server.refused["cap"] == 0
+        assert _until(lambda: f.server.stats["open_connections"] == 4)  # client + 3 extra
+        client.push(3, 1, 0, 0, PARAMS.items())  # the established client was never evicted
+        assert sorted(f.pushes) == [(2, 1), (3, 1)]
         client.close()
+        for s in extra:
+            s.close()
+    finally:
+        f.server.close()
+
+
+def test_established_connections_are_never_evicted_and_fill_a_cap_alone():
+    f = Follower(max_connections=6, max_per_address=3, first_frame_timeout=30.0)
+    try:
+        clients = [dp.DataPlaneClient(f.server.address, timeout=10) for _ in range(3)]
+        for c in clients:
+            assert c.pull()[0] == 5  # a first frame: established, kept open
+        assert _until(lambda: f.server.stats["open_connections"] == 3)
+        extra = socket.create_connection(f.server.address, timeout=10)
+        assert _closed_by_peer(extra)
+        assert f.server.refused["cap"] == 1 and f.server.refused["evicted"] == 0
+        assert all(c.pull()[0] == 5 for c in clients)  # still served, on their connections
+        for c in clients:
+            c.close()
     finally:
         f.server.close()
 
 
 def test_the_total_cap_holds_across_addresses():
-    f = Follower(max_connections=3, max_per_address=64)
+    f = Follower(max_connections=3, max_per_address=64, first_frame_timeout=30.0)
     try:
         held = [socket.create_connection(f.server.address, timeout=10) for _ in range(3)]
         assert _until(lambda: f.server.stats["open_connections"] == 3)
         extra = socket.create_connection(f.server.address, timeout=10)
-        assert _closed_by_peer(extra)
-        assert f.server.refused["cap"] == 1 and f.server.stats["open_connections"] == 3
-        for s in held:
+        assert _closed_by_peer(held[0]) and not _closed_by_peer(extra, within=0.2)
+        assert f.server.refused["evicted"] == 1
+        assert _until(lambda: f.server.stats["open_connections"] == 3)
+        for s in [*held, extra]:
             s.close()
     finally:
         f.server.close()

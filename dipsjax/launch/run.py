@@ -395,7 +395,16 @@ def launch(
     """Runs the job described by ``spec`` to its token budget with the local executor;
     returns the tape's summary. ``experiment``: its jobs (default: ``role_jobs(spec)``, one
     CPU device a learner). With ``resume``, every process restarts from its newest
-    checkpoint in ``spec.run_dir`` (followers from the leader's version)."""
+    checkpoint in ``spec.run_dir`` (followers from the leader's version), once the folder
+    is as private as a new run's (one an older version wrote may be ``0644``/``0755``)."""
+    if resume:
+        group = permissions.group_access()
+        if n := permissions.tighten(spec.run_dir, group):
+            print(
+                f"permissions: {n} entries of {spec.run_dir} tightened to "
+                f"{'0750/0640' if group else '0700/0600'}",
+                flush=True,
+            )
     with permissions.restricted():  # every process it starts inherits the umask
         return _launch(spec, timeout, progress, evaluate, resume, experiment)
 

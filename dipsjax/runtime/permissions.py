@@ -57,11 +57,41 @@ def make_dir(path: str | Path) -> Path:
     return p
 
 
+def tighten(path: str | Path, group: bool) -> int:
+    """Takes from every file and folder under ``path`` (``path`` included) the bits the
+    run's umask would not have given: all of the group's and others' (``group``: the
+    group's write and all of others'); returns how many it changed. It only takes bits away
+    (a ``0600`` file stays ``0600`` with ``group``), and never follows a link, so nothing
+    outside the run folder changes: a run folder an older version wrote (``0644`` files,
+    ``0755`` folders) is resumed as private as a new one."""
+    drop = 0o027 if group else 0o077
+    root = Path(path)
+    entries = [root]
+    for folder, dirs, files in os.walk(root):  # links to folders are listed, not entered
+        entries += [Path(folder, name) for name in (*dirs, *files)]
+    changed = 0
+    for p in entries:
+        st = p.stat() if p == root else p.lstat()  # the root is the run folder, however named
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode) or not mode & drop:
+            continue
+        p.chmod(mode & ~drop)
+        changed += 1
+    return changed
+
+
 def check_secret(path: str | Path) -> None:
-    """Raises ``PermissionError`` naming ``path``, its mode and the fix when anyone but its
-    owner may read or write it (a key or a token), or when it is a folder others may write."""
+    """Raises ``PermissionError`` naming ``path``, and the fix, when it is not ours (another
+    user could replace the key or token, or read them), when anyone but its owner may read
+    or write it (a key or a token), or when it is a folder others may write."""
     p = Path(path)
-    mode = stat.S_IMODE(p.stat().st_mode)
+    st = p.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid():
+        raise PermissionError(
+            f"credentials: {p} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}): "
+            f"`chown {os.geteuid()} {p}`, or make a fresh set with `dipsjax credentials DIR`"
+        )
     if p.is_dir():
         # Sticky (a Kubernetes secret volume is 1777): others may add, never replace.
         if mode & 0o022 and not mode & stat.S_ISVTX:

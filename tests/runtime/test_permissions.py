@@ -111,3 +111,76 @@ def test_cluster_jobs_get_the_same_umask_and_group_access(tmp_path, monkeypatch,
         container = rjob["template"]["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env.get("DIPSJAX_GROUP_ACCESS") == ("1" if group else None)
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["private", "group_access"])
+def test_tighten_takes_the_bits_a_runs_umask_would_not_give_and_follows_no_link(tmp_path, group):
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    (run / "leader").mkdir(parents=True)
+    outside.mkdir()
+    for f in (run / "spec.json", run / "leader" / "final.npz", outside / "x"):
+        f.write_bytes(b"x")
+        f.chmod(0o644)
+    (run / "leader" / "snapshot.json").write_bytes(b"{}")
+    (run / "leader" / "snapshot.json").chmod(0o600)  # already tight: left as it is
+    (run / "script").write_bytes(b"")
+    (run / "script").chmod(0o777)
+    for d in (run, run / "leader", outside):
+        d.chmod(0o755)
+    (run / "to-file").symlink_to(outside / "x")
+    (run / "to-folder").symlink_to(outside)
+    d, f, x = (0o750, 0o640, 0o750) if group else (0o700, 0o600, 0o700)
+    assert permissions.tighten(run, group) == 5
+    assert {k: v for k, v in modes(run).items() if not k.startswith("to-")} == {
+        ".": d,
+        "spec.json": f,
+        "script": x,
+        "leader": d,
+        "leader/final.npz": f,
+        "leader/snapshot.json": 0o600,
+    }
+    assert modes(outside) == {".": 0o755, "x": 0o644}  # links were not followed
+    assert permissions.tighten(run, group) == 0
+
+
+def test_resume_tightens_a_run_folder_an_older_version_wrote_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    from dipsjax.runtime.spec import RunSpec
+
+    run = tmp_path / "run"
+    (run / "leader").mkdir(parents=True)
+    sim = SimConfig(learners=1, followers=1)
+    RunSpec(sim, "127.0.0.1:1", ("127.0.0.1:2",), "", str(run), (0,), 4).write(run / "spec.json")
+    (run / "leader" / "snapshot.json").write_text('{"stopped": false}')
+    for p in (run / "spec.json", run / "leader" / "snapshot.json"):
+        p.chmod(0o644)
+    for p in (run, run / "leader"):
+        p.chmod(0o755)
+    seen = {}
+
+    def started(spec, *args):
+        seen.update(modes(run))
+        raise RuntimeError("nothing started in this test")
+
+    monkeypatch.setattr(run_mod, "_launch", started)
+    assert run_mod.main(["--resume", str(run)]) == 1
+    assert seen == {
+        ".": 0o700,
+        "spec.json": 0o600,
+        "leader": 0o700,
+        "leader/snapshot.json": 0o600,
+    }
+    assert f"permissions: 4 entries of {run} tightened to 0700/0600" in capsys.readouterr().out
+
+
+def test_credentials_not_ours_are_refused_naming_both_owners_and_the_fix(tmp_path, monkeypatch):
+    made = credentials.create(tmp_path / "creds")
+    assert credentials.load.__wrapped__(made.directory).token == made.token  # ours: loaded
+    ours = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: ours + 4242)  # as if another user loaded it
+    with pytest.raises(PermissionError) as e:
+        credentials.load.__wrapped__(made.directory)
+    msg = str(e.value)
+    assert f"{made.directory} is owned by uid {ours}, not by us (uid {ours + 4242})" in msg
+    assert f"`chown {ours + 4242} {made.directory}`" in msg and "dipsjax credentials" in msg

@@ -121,7 +121,12 @@ class ControlClient:
         self.lock = threading.Lock()
         self.delivery = Delivery()
         self.stream: Any = None  # the open Watch call
-        self.refused = ""  # the last call's ``Replies.refused`` ("": taken)
+        self._last = threading.local()  # per thread: heartbeats call from their own
+
+    @property
+    def refused(self) -> str:
+        """This thread's last call's ``Replies.refused`` ("": taken)."""
+        return getattr(self._last, "refused", "")
 
     def envelope(self, event: m.Event) -> syncer_pb2.Envelope:
         """``event`` as the next numbered request of this session, with what the watch
@@ -142,7 +147,7 @@ class ControlClient:
         reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True, metadata=self.metadata)
         if reply.error:
             raise ControlError(reply.error)
-        self.refused = reply.refused
+        self._last.refused = reply.refused
         return [codec.from_proto(a) for a in reply.actions]
 
     def watch(self, incarnation: int = 0) -> Iterator[m.Action]:
@@ -172,10 +177,14 @@ class ControlClient:
         self.channel.close()
 
 
-def booked(replies: list[m.Action]) -> bool:
-    """Whether the leader booked a push its reply answered: all but those refused
-    unbooked (``messages.UNBOOKED``: no member sent it, or its counts are out of bounds),
-    which the learner does not count either, so that the two sides balance."""
+def booked(replies: list[m.Action], refused: str = "") -> bool:
+    """Whether the leader booked a push its reply answered: not one it refused before its
+    core saw it (``refused``: the call's ``Replies.refused``, e.g. an older incarnation's
+    request or a replay), nor one its core refused unbooked (``messages.UNBOOKED``: no
+    member sent it, or its counts are out of bounds). The learner does not count those
+    either, so that the two sides balance."""
+    if refused:
+        return False
     return not any(isinstance(a, m.Refuse) and a.kind in m.UNBOOKED for a in replies)
 
 

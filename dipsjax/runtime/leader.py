@@ -677,6 +677,18 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
                     "malformed message: unnumbered request (set incarnation, session and "
                     "request: dipsjax.runtime.client.ControlClient does)"
                 )
+            if who[0] == "learner":
+                # Only a Join raises a learner's incarnation: a request claiming one that
+                # never joined would make the request log refuse the live process's own
+                # requests as older (a lockout by one forged envelope).
+                known = node.leader.incarnations.get(who[1], 0)
+                joins = isinstance(event, m.Join) and event.incarnation == envelope.incarnation
+                if envelope.incarnation > known and not joins:
+                    return self._refused(
+                        "unknown_incarnation",
+                        f"incarnation {envelope.incarnation} of learner {who[1]} never joined "
+                        f"(the newest that did: {known})",
+                    )
             numbered = (envelope.incarnation, envelope.session, envelope.request)
             verdict, reply = node.requests.check(who, *numbered)
             if verdict == "repeat":

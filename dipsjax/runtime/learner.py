@@ -350,7 +350,7 @@ class LearnerNode:
         except (grpc.RpcError, ValueError) as e:
             return self._call_failed(e, type(event).__name__)
         self.lost_since = None
-        if isinstance(event, m.PushRequested) and booked(replies):
+        if isinstance(event, m.PushRequested) and booked(replies, self.control.refused):
             self.reported += event.meta.tokens  # the leader has it (refused ones too)
             self._write_reported()
         out: list[m.Command] = []

@@ -168,7 +168,7 @@ class StandIn:
                 replies = self.call(c.event)
             except grpc.RpcError as e:
                 return self._call_failed(e)
-            if isinstance(c.event, m.PushRequested) and booked(replies):
+            if isinstance(c.event, m.PushRequested) and booked(replies, self.control.refused):
                 # Counted here, apart: the leader has it (refused ones too), as a learner
                 # counts it (a call that failed never reached the books).
                 self.stats["reported"] += c.event.meta.tokens

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from dipsjax.launch.run import make_spec
-from dipsjax.runtime.client import ControlClient
+from dipsjax.runtime.client import ControlClient, booked
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer import messages as m
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
@@ -113,6 +113,32 @@ def test_a_replayed_push_is_not_taken_and_the_learners_own_push_goes_through(job
     follower.call(m.FollowerMerged(0.0, 0, 1, 0.5))
     follower.call(m.FollowerApplied(0.0, 0, 1, 2))
     assert learner.status()["tokens"]["applied"] == 11 * STEP
+
+
+def test_an_envelope_claiming_an_incarnation_that_never_joined_locks_no_one_out(job):
+    """Bug (review of issue 18): the request log took the envelope's incarnation on trust;
+    one request claiming incarnation 2**62 for learner 0 made every later request of the
+    live process (and of its restarts) ``old_incarnation``."""
+    spec, learner, follower = job
+    forger = ControlClient(spec, learner=0, incarnation=2**62)
+    assert forger.call(m.Heartbeat(0.0, 0)) == []
+    assert forger.refused.startswith("unknown_incarnation")
+    learner.call(m.Heartbeat(0.0, 0))
+    assert learner.refused == ""  # the live process is still heard
+    _round(learner, follower, 0, 0, 4 * STEP, 4)
+    st = learner.status()
+    assert st["version"] == 1 and st["refused"] == {"unknown_incarnation": 1}
+    # A real restart still raises the incarnation by joining.
+    newer = ControlClient(spec, learner=0, incarnation=1)
+    assert newer.call(m.Join(0.0, 0, incarnation=1, fingerprint=spec.fingerprint)) == []
+    assert newer.refused == ""
+    # The old process's push is refused before the core: neither side books its tokens.
+    replies = learner.call(m.PushRequested(0.0, 0, m.PushMeta(4 * STEP, 4, 1)))
+    assert learner.refused.startswith("old_incarnation")
+    assert not booked(replies, learner.refused)
+    assert learner.status()["tokens"]["reported"] == 4 * STEP  # round 0's alone
+    for c in (forger, newer):
+        c.close()
 
 
 def test_the_credential_is_checked_before_the_request_is_parsed_and_bad_bytes_are_named(job):

@@ -44,6 +44,7 @@ import functools
 import itertools
 import logging
 import math
+import os
 import queue
 import socket
 import ssl
@@ -466,12 +467,16 @@ class DataPlaneServer:
         self.idle_timeout = float(idle_timeout)
         self._open: collections.Counter[str] = collections.Counter()  # peer address -> open
         # Connections not yet authenticated (TLS handshake, or without TLS the first frame,
-        # not done), oldest first: id -> (peer address, socket). At a cap, the oldest of
-        # them (from the same address, when that cap is the one reached) is closed to make
-        # room (``evicted``): idle or half-open sockets from a host cannot shut out a job
-        # process of that host, whose handshake takes milliseconds. Established connections
-        # are never evicted; when they alone fill a cap, a new one is refused (``cap``).
-        self._pending: dict[int, tuple[str, socket.socket]] = {}
+        # not done), oldest first: id -> (peer address, descriptor, accepted at). At a
+        # cap, the oldest of them (from the same address, when that cap is the one reached)
+        # is shut to make room (``evicted``): idle or half-open sockets from a host cannot
+        # shut out a job process of that host, whose handshake takes milliseconds.
+        # Established connections are never evicted; when they alone fill a cap, a new one
+        # is refused (``cap``). One still pending ``first_frame_timeout`` after its accept
+        # is shut too (``first_frame``): an absolute deadline, however slowly it trickles.
+        # A connection shut so no longer counts against the caps.
+        self._pending: dict[int, tuple[str, int, float]] = {}
+        self._shut: set[int] = set()  # shut while pending: its thread releases nothing
         self._ids = itertools.count()
         # expect(header) of each PUSH frame before its body is read: raising Refusal (or
         # ValueError, kind "push") refuses the push and closes the connection.
@@ -501,6 +506,7 @@ class DataPlaneServer:
         self._threads: list[threading.Thread] = []
         self._accept = threading.Thread(target=self._serve, daemon=True)
         self._accept.start()
+        threading.Thread(target=self._reap, daemon=True).start()
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
@@ -550,7 +556,7 @@ class DataPlaneServer:
                 if not over:
                     self._open[ip] += 1
                     self.stats["open_connections"] += 1
-                    self._pending[cid] = (ip, conn)
+                    self._pending[cid] = (ip, conn.fileno(), time.monotonic())
             if evicted is not None:
                 self._error(None, "evicted", f"unauthenticated connection from {evicted} closed")
             if over:  # counted before it is closed: the peer sees the count
@@ -564,7 +570,8 @@ class DataPlaneServer:
                 t.start()
             except (OSError, RuntimeError) as e:  # no thread to be had: transient as well
                 self._settle(cid)
-                self._release(ip)
+                if not self._was_shut(cid):
+                    self._release(ip)
                 with contextlib.suppress(OSError):
                     conn.close()
                 self._error(None, "accept", f"connection from {ip} dropped: {e}")
@@ -573,21 +580,58 @@ class DataPlaneServer:
 
     def _make_room(self, ip: str) -> tuple[bool, str | None]:
         """Under ``_lock``, for a new connection from ``ip``: ``(over, evicted)``: still
-        over a cap, and the address of the unauthenticated connection closed to make room
-        (its thread counts it out when it ends; until then the caps may be passed by the
-        connections being evicted)."""
+        over a cap, and the address of the unauthenticated connection shut to make room."""
         per_address = self._open[ip] >= self.max_per_address
         if not per_address and self.stats["open_connections"] < self.max_connections:
             return False, None
         victim = next(
-            (c for c, (a, _) in self._pending.items() if a == ip or not per_address), None
+            (c for c, (a, _, _) in self._pending.items() if a == ip or not per_address), None
         )
         if victim is None:
             return True, None
-        address, sock = self._pending.pop(victim)
-        with contextlib.suppress(OSError):  # its fd is open: closed only once settled
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)  # raw, past any TLS object
-        return False, address
+        return False, self._shut_pending(victim)
+
+    def _shut_pending(self, cid: int) -> str:
+        """Under ``_lock``: shuts pending connection ``cid`` (its thread then ends, closes
+        it and counts nothing more) and takes it off the caps; returns its address. Its
+        descriptor is still open: a connection thread closes only once settled, under the
+        same lock. Shut through a duplicate, beneath any TLS object wrapping it."""
+        ip, fd, _ = self._pending.pop(cid)
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
+        self._shut.add(cid)
+        self._open[ip] -= 1
+        if self._open[ip] <= 0:
+            del self._open[ip]
+        self.stats["open_connections"] -= 1
+        return ip
+
+    def _reap(self) -> None:
+        """Shuts connections still unauthenticated ``first_frame_timeout`` after their
+        accept (``first_frame``), a few times a deadline."""
+        tick = min(0.25, self.first_frame_timeout / 4)
+        while not self._closed.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                late = [
+                    c
+                    for c, (_, _, t0) in self._pending.items()
+                    if now - t0 > self.first_frame_timeout
+                ]
+                shut = [self._shut_pending(c) for c in late]
+            for ip in shut:
+                self._error(
+                    None,
+                    "first_frame",
+                    f"connection from {ip} not authenticated within {self.first_frame_timeout:g} s",
+                )
+
+    def _was_shut(self, cid: int) -> bool:
+        with self._lock:
+            if cid in self._shut:
+                self._shut.discard(cid)
+                return True
+            return False
 
     def _settle(self, cid: int) -> bool:
         """The connection ``cid`` is authenticated or ending: no longer evictable. False
@@ -606,10 +650,11 @@ class DataPlaneServer:
         try:
             self._converse(sock, cid)
         finally:
-            self._settle(cid)  # before any close: an evicted fd is never reused meanwhile
+            self._settle(cid)  # before any close: a pending fd is never reused meanwhile
             with contextlib.suppress(OSError):
                 sock.close()
-            self._release(ip)
+            if not self._was_shut(cid):
+                self._release(ip)
 
     def _converse(self, sock: socket.socket, cid: int = -1) -> None:
         """One connection: TLS (if any) and its first frame within ``first_frame_timeout``;
@@ -678,12 +723,23 @@ class DataPlaneServer:
                 return
 
     def _read(self, sock: socket.socket, cid: int | None) -> tuple[Header, Any, Any]:
-        """A frame; the connection's first (``cid`` given: no TLS) settles it, and raises
-        :class:`_Evicted` instead of what it got if the connection was evicted meanwhile."""
-        try:
+        """A frame; the connection's first (``cid`` given: no TLS) settles it once its
+        header is in (a long first body is no longer under the first-frame deadline), and
+        raises :class:`_Evicted` instead of what it got if the connection was shut first."""
+        if cid is None:
             return read_frame(sock, self.max_frame, self._expect)
+        settled: list[bool] = []
+
+        def first(header: Header) -> None:
+            settled.append(self._settle(cid))
+            if not settled[0]:
+                raise _Evicted
+            self._expect(header)
+
+        try:
+            return read_frame(sock, self.max_frame, first)
         finally:
-            if cid is not None and not self._settle(cid):
+            if not settled and not self._settle(cid):
                 raise _Evicted
 
     def _expect(self, header: Header) -> None:

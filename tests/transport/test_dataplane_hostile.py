@@ -246,3 +246,68 @@ def test_an_authenticated_connection_silent_past_idle_timeout_is_closed_and_coun
         assert sorted(f.pushes) == [(1, 0), (2, 0)]
     finally:
         f.server.close()
+
+
+@pytest.fixture(scope="module")
+def creds(tmp_path_factory):
+    from dipsjax.runtime import credentials
+
+    return credentials.create(tmp_path_factory.mktemp("creds") / "job")
+
+
+def test_over_tls_half_open_sockets_at_the_cap_are_shut_for_a_job_client(creds):
+    """Bug (review of issue 18): eviction shut the raw socket object the TLS wrapper had
+    detached, so over TLS nothing was closed and the caps were passed instead."""
+    f = Follower(
+        max_connections=6,
+        max_per_address=4,
+        first_frame_timeout=30.0,
+        ssl_context=creds.ssl_server(),
+    )
+    try:
+        held = [socket.create_connection(f.server.address, timeout=10) for _ in range(4)]
+        held[0].sendall(b"\x16\x03\x01\x02\x00")  # half a ClientHello: mid-handshake
+        assert _until(lambda: f.server.stats["open_connections"] == 4)
+        client = dp.DataPlaneClient(f.server.address, timeout=10, ssl_context=creds.ssl_client())
+        client.push(2, 1, 0, 0, PARAMS.items())
+        assert sorted(f.pushes) == [(2, 1)] and _closed_by_peer(held[0])
+        assert [_closed_by_peer(s, within=0.2) for s in held[1:]] == [False] * 3
+        assert f.server.refused["evicted"] == 1
+        assert f.server.stats["open_connections"] == 4  # the client and 3 held: exact
+        client.close()
+        for s in held[1:]:
+            s.close()
+    finally:
+        f.server.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_the_first_frame_deadline_is_absolute_however_slowly_a_peer_trickles(creds, tls):
+    """Bug (review of issue 18): the deadline was a per-receive timeout; a byte every
+    deadline minus a little kept an unauthenticated connection open for good."""
+    ctx = creds.ssl_server() if tls else None
+    f = Follower(first_frame_timeout=1.0, ssl_context=ctx)
+    try:
+        slow = socket.create_connection(f.server.address, timeout=10)
+        data = b"\x16\x03\x01\x02\x00" + b"\x00" * 40 if tls else dp.MAGIC + b"\x01" * 40
+        t0, closed = time.monotonic(), False
+        for byte in data:
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            if _closed_by_peer(slow, within=0.6):
+                closed = True
+                break
+        assert closed and time.monotonic() - t0 < 2.5
+        assert _until(lambda: f.server.refused["first_frame"] == 1)
+        assert f.server.stats["open_connections"] == 0
+        client = dp.DataPlaneClient(
+            f.server.address, timeout=10, ssl_context=creds.ssl_client() if tls else None
+        )
+        client.push(3, 1, 0, 0, PARAMS.items())  # a client is served at once
+        assert sorted(f.pushes) == [(3, 1)]
+        client.close()
+    finally:
+        f.server.close()

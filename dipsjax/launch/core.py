@@ -239,7 +239,11 @@ def role_jobs(
 ) -> JobGroup:
     """Every role of ``spec``: the leader, ``len(spec.followers)`` followers and
     ``spec.sim.learners`` learners, each with ``learner``'s requirements unless
-    ``learners`` gives that partition its own (``{j: Requirements(...)}``)."""
+    ``learners`` gives that partition its own (``{j: Requirements(...)}``).
+
+    A run config's ``launch`` block is held to the same rules up front, before anything is
+    written (:func:`dipsjax.launch.schema.check_partitions`); these checks are for API
+    callers."""
     per = dict(learners or {})
     default = learner or Requirements()
     unknown = sorted(set(per) - set(range(spec.sim.learners)))
@@ -248,7 +252,7 @@ def role_jobs(
     for j in range(spec.sim.learners):
         r = per.get(j, default)
         n = int(r.env().get("DIPSJAX_PARTITION_DEVICES", "1"))
-        if spec.sim.batch_size % n:
+        if n < 1 or spec.sim.batch_size % n:
             raise ValueError(
                 f"learner {j}: its partition has {n} devices, which must divide "
                 f"sim.batch_size ({spec.sim.batch_size}): the batch is split over them"

@@ -92,9 +92,9 @@ def _make_spec(
     if credentials is not None:
         # Names what is missing or readable by others now, before anything is written.
         load_credentials(credentials)
-    permissions.make_dir(run_dir)
-    # Checks the settings before anything else is written.
+    # Checks the settings before anything is written (the run folder included).
     probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **settings)
+    permissions.make_dir(run_dir)
     if credentials is None:
         credentials = create_credentials(Path(run_dir) / "credentials").directory
     paths, params = model_layout(probe)

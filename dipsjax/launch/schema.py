@@ -1,9 +1,10 @@
 """One validation pass over a run's whole config, before anything is written or started.
 
 The schema is declarative: :data:`TOP`, :data:`SIM`, :data:`REQUIREMENTS`, :data:`SLURM` and
-:data:`KUBERNETES` give each field its rule (type, range or allowed set), :data:`CROSS` and
-:data:`TOP_CROSS` the rules between fields. :func:`validate` applies them all and returns
-the run's :class:`~dipsjax.sim.config.SimConfig`; the first field that breaks its rule raises
+:data:`KUBERNETES` give each field its rule (type, range or allowed set), :data:`CROSS`,
+:data:`TOP_CROSS` and :func:`check_partitions` (``launch`` against ``sim``) the rules between
+fields. :func:`validate` applies them all and returns the run's
+:class:`~dipsjax.sim.config.SimConfig`; the first field that breaks its rule raises
 :class:`ConfigError`, which names the field by its dotted path, the allowed values and the
 value it got (``config sim.batch_size: must be an integer in [1, 65536], got 0``).
 
@@ -440,6 +441,66 @@ def check_launch(block: Any) -> None:
             raise ConfigError(f"launch.{key}", f"a known block: {sorted(known)}", value)
 
 
+def check_partitions(block: Any, sim: sim_lib.SimConfig) -> None:
+    """The rules between ``launch`` and ``sim`` (what :func:`~dipsjax.launch.core.role_jobs`
+    needs of them), on each learner's requirements (``launch.learner``, overridden by
+    ``launch.learners.J``):
+
+    * ``launch.learners``' keys name learners below ``sim.learners``;
+    * a partition's platform and accelerators agree (``launch.learners.J`` merged with
+      ``launch.learner``);
+    * a partition's devices (``cpu_devices``, or ``len(accelerators)`` on a GPU or TPU,
+      times ``processes``) divide ``sim.batch_size``: the batch is split over them.
+    """
+    from dipsjax.launch.core import Requirements
+
+    if block is None:
+        return
+    block = _plain(block)
+    base = dict(block.get("learner") or {})
+    per = {int(str(j)): (str(j), dict(f)) for j, f in (block.get("learners") or {}).items()}
+    for j, (key, _) in sorted(per.items()):
+        if j >= sim.learners:
+            raise ConfigError(
+                f"launch.learners.{key}",
+                f"a learner index below sim.learners ({sim.learners}) as its key",
+                j,
+            )
+    for j in range(sim.learners):
+        key, own = per.get(j, (None, {}))
+        fields = {**base, **own}
+
+        def where(name: str, key: str | None = key, own: dict = own) -> str:
+            return f"launch.learners.{key}.{name}" if name in own else f"launch.learner.{name}"
+
+        platform = fields.get("platform", "cpu")
+        accelerators = fields.get("accelerators")
+        if (platform == "cpu") != (accelerators is None):
+            mine = "platform" in own or "accelerators" in own  # the partition's own block
+            raise ConfigError(
+                f"launch.learners.{key}.accelerators" if mine else "launch.learner.accelerators",
+                f"device ids exactly when {where('platform')} is 'gpu' or 'tpu' (learner {j})",
+                accelerators,
+            )
+        if accelerators is not None:
+            fields["accelerators"] = tuple(accelerators)
+        n = int(Requirements(**fields).env().get("DIPSJAX_PARTITION_DEVICES", "1"))
+        if n < 1 or sim.batch_size % n:
+            per_process = "accelerators" if platform != "cpu" else "cpu_devices"
+            # The field the partition's own block sets, else the one launch.learner sets.
+            options = (per_process, "processes")
+            named = next((k for k in options if own.get(k) is not None), None)
+            named = named or next((k for k in options if base.get(k) is not None), per_process)
+            shown = f"len({where(per_process)})" if platform != "cpu" else where(per_process)
+            raise ConfigError(
+                where(named),
+                f"such that learner {j}'s partition devices ({shown} x "
+                f"{where('processes')} = {n}) divide sim.batch_size ({sim.batch_size}): "
+                "the batch is split over them",
+                fields.get(named, 1),
+            )
+
+
 def check_placement(block: Any, learners: int) -> None:
     """The ``placement`` block (``--dry-run``): site names and a [site][learner] matrix."""
     if block is None:
@@ -488,5 +549,6 @@ def validate(
         sim["method"] = method
     out = validate_sim(sim, command, plan_only=plan_only)
     check_launch(cfg.get("launch"))
+    check_partitions(cfg.get("launch"), out)
     check_placement(cfg.get("placement"), out.learners)
     return out

@@ -131,16 +131,93 @@ def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing
     assert list(tmp_path.iterdir()) == []
 
 
+# The rules between launch and sim that role_jobs checks: each was found only after
+# make_spec had written the run folder and credentials/ (quickstart ci: 4 learners, batch 8).
+PARTITION_EXAMPLES = [
+    (["launch.learner.cpu_devices=3"], "launch.learner.cpu_devices"),
+    (["launch.learner.processes=3"], "launch.learner.processes"),
+    (["launch.learner.cpu_devices=16"], "launch.learner.cpu_devices"),
+    (["launch.learners={5: {'cpus': 1}}"], "launch.learners.5"),
+    (["launch.learners={'1': {'cpu_devices': 3}}"], "launch.learners.1.cpu_devices"),
+    (
+        ["launch.learner.cpu_devices=2", "launch.learners={'2': {'processes': 3}}"],
+        "launch.learners.2.processes",
+    ),
+    (["launch.learners={'0': {'platform': 'gpu'}}"], "launch.learners.0.accelerators"),
+    (
+        ["launch.learner.platform='gpu'", "launch.learner.accelerators=()"],
+        "launch.learner.accelerators",
+    ),
+    (
+        ["launch.learner.platform='gpu'", "launch.learner.accelerators=(0, 1, 2)"],
+        "launch.learner.accelerators",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field"), PARTITION_EXAMPLES)
+def test_partitions_that_cannot_split_the_batch_or_name_no_learner_are_refused(overrides, field):
+    cfg = run_config.load("quickstart", "ci", overrides)
+    with pytest.raises(ValueError) as info:
+        run_config.sim_config(cfg)
+    assert str(info.value).startswith(f"config {field}: must be "), str(info.value)
+
+
+def test_partitions_that_split_the_batch_are_accepted_and_build_their_jobs():
+    from dipsjax.launch.core import requirements_from_config, role_jobs
+    from dipsjax.runtime.spec import RunSpec
+
+    for overrides in [
+        ["launch.learner.cpu_devices=2", "launch.learner.processes=2"],
+        ["launch.learners={3: {'cpu_devices': 8}}"],
+        ["launch.learner.platform='gpu'", "launch.learner.accelerators=(0, 1)"],
+        ["launch.learner.cpu_devices=4", "launch.learners={'0': {'cpu_devices': 1}}"],
+    ]:
+        cfg = run_config.load("quickstart", "ci", overrides)
+        sim = run_config.sim_config(cfg)
+        spec = RunSpec(sim, "", (), "", "runs/x", (), 0)
+        assert len(role_jobs(spec, **requirements_from_config(cfg))) == 1 + sim.learners
+
+
+@pytest.mark.parametrize(
+    "override", ["launch.learner.cpu_devices=3", "launch.learners={5: {'cpus': 1}}"]
+)
+def test_dipsjax_run_refuses_a_bad_partition_before_writing_anything(tmp_path, override):
+    out = tmp_path / "run"
+    proc = _run_cli(tmp_path, "--out", str(out), "--set", override)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "config launch.learner" in lines[0] and ": must be " in lines[0], lines[0]
+    assert not out.exists()  # no run folder, no credentials/
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_make_spec_checks_its_settings_before_writing_anything(tmp_path):
+    from dipsjax.launch.run import make_spec
+
+    sim = run_config.sim_config(run_config.load("quickstart", "ci"))
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="max_restarts"):
+        make_spec(sim, out, max_restarts=-1)
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---- every field, hostile values: refused with the field named, or the run can start ----
 
 from dipsjax.launch import schema  # noqa: E402
 from dipsjax.launch.schema import ConfigError  # noqa: E402
 
+REQ = tuple(schema.REQUIREMENTS)
 FIELDS = sorted(
     [f"sim.{k}" for k in schema.SIM]
     + list(schema.TOP)
-    + [f"launch.learner.{k}" for k in schema.REQUIREMENTS]
-    + [f"launch.leader.{k}" for k in ("cpus", "memory_gb")]
+    + [f"launch.{role}.{k}" for role in ("learner", "follower", "leader") for k in REQ]
+    # a partition's own requirements (learner 1 of 4) and one that names no learner (9)
+    + [f"launch.learners.1.{k}" for k in REQ]
+    + ["launch.learners.9.cpus"]
     + [f"launch.slurm.{k}" for k in schema.SLURM]
     + [f"launch.kubernetes.{k}" for k in schema.KUBERNETES]
 )
@@ -233,7 +310,7 @@ def _usable(cfg: dict, sim) -> None:
 
     from dipsjax.data.ledger import new_ledger
     from dipsjax.launch.cli import executor_settings
-    from dipsjax.launch.core import requirements_from_config
+    from dipsjax.launch.core import requirements_from_config, role_jobs
     from dipsjax.launch.kubernetes import Kubernetes
     from dipsjax.launch.slurm import Slurm
     from dipsjax.model.configs import get_config
@@ -242,10 +319,14 @@ def _usable(cfg: dict, sim) -> None:
 
     methods_lib.build(sim.method, sim.method_settings())
     get_config(sim.model)
-    requirements_from_config(cfg)
+    requirements = requirements_from_config(cfg)
     Slurm(**executor_settings(cfg, "slurm", Slurm))
     Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
     spec = RunSpec(sim, "", (), "", "runs/x", (), 0, **run_config.spec_settings(cfg))
+    jobs = role_jobs(spec, **requirements)  # what the run adds once make_spec has written
+    assert len(jobs.jobs) == 1 + sim.learners
+    for job in jobs:
+        job.requirements.env()
     limits = spec.dataplane_limits()  # what the followers' DataPlaneServer is given
     assert 1 <= limits["max_per_address"] <= limits["max_connections"]
     chunks = _chunks(sim.corpus, sim.chunk_len, sim.validation_doc)  # what make_spec reads
@@ -265,8 +346,10 @@ def _check(field: str, value) -> str:
     try:
         sim = schema.validate(cfg)
     except ConfigError as e:
-        # The field itself, or a cross-field rule that names it (speeds: len == sim.learners).
-        assert e.field == field or field in e.allowed, (field, value, str(e))
+        # The field itself, or a cross-field rule that names it (speeds: len == sim.learners),
+        # or the block holding it (launch.learners.9: no such learner).
+        named = e.field == field or field in e.allowed or field.startswith(f"{e.field}.")
+        assert named, (field, value, str(e))
         assert str(e).startswith(f"config {e.field}: must be ")
         return "refused"
     _usable(cfg, sim)

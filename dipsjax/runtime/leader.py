@@ -15,8 +15,11 @@ bounds the calls in flight from one host and in all (``peer_cap``, ``server_cap`
 that do not decode are answered with the problem and counted (``malformed``). Each event
 is screened by the core (:meth:`Leader.screen`: unknown peers and rounds are refused and
 counted) and checked against its sender's :class:`RequestLog` (a repeated request is
-answered as the first time, never applied twice; an older incarnation's is refused).
-After every event the leader's state is written atomically to
+answered as the first time, never applied twice; an older incarnation's is refused). A
+``Watch`` is screened alike (:meth:`LeaderNode.screen_watch`): one for a peer the job does
+not have ends ``NOT_FOUND``, one of a learner incarnation older than the leader counts
+``FAILED_PRECONDITION`` (``old_incarnation``), each counted, before it touches the peer's
+stream or outbox. After every event the leader's state is written atomically to
 ``RUN_DIR/leader/snapshot.json`` and new tape records are appended to
 ``RUN_DIR/tape.jsonl``. It never carries tensors and never imports JAX.
 
@@ -349,6 +352,24 @@ class LeaderNode:
         if who is not None:
             self._forget(who, acked, epoch)
 
+    def screen_watch(
+        self, who: tuple[str, int], incarnation: int = -1
+    ) -> tuple[str, grpc.StatusCode, str] | None:
+        """Why a watch by ``who`` (a learner's process of ``incarnation``) is refused, as
+        ``(kind, status, reason)``, or None: a peer the job does not have (the kinds of the
+        core's screening, :meth:`Leader.screen_peer`), or a learner incarnation older than
+        the one the leader counts (a stale process, or a replayed request: it must not take
+        the live process's stream, nor drop its outbox). A newer one is taken: a restarted
+        learner may watch before its join."""
+        bad = self.leader.screen_peer(*who)
+        if bad is not None:
+            return bad.kind, grpc.StatusCode.NOT_FOUND, bad.reason
+        known = self.leader.incarnations.get(who[1]) if who[0] == "learner" else None
+        if known is not None and incarnation < known:
+            why = f"incarnation {incarnation} of learner {who[1]} is older than {known}"
+            return "old_incarnation", grpc.StatusCode.FAILED_PRECONDITION, why
+        return None
+
     def watch(
         self, who: tuple[str, int], acked: int = 0, epoch: int = 0, incarnation: int = -1
     ) -> asyncio.Queue:
@@ -633,8 +654,9 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
     """``Call``: one event in, the caller's replies out. ``Watch``: a process's actions.
     Every request arrives as bytes, from a caller :class:`TokenCheck` let through."""
 
-    def __init__(self, node: LeaderNode) -> None:
+    def __init__(self, node: LeaderNode, log: RefusalLog | None = None) -> None:
         self.node = node
+        self.log = log  # refused watches: a line per kind per interval, not per request
 
     def _malformed(self, error: str) -> syncer_pb2.Replies:
         self.node.refused["malformed"] += 1
@@ -725,6 +747,13 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             )
         who = (kind, getattr(request, kind))
         incarnation = request.incarnation if kind == "learner" else -1
+        refusal = self.node.screen_watch(who, incarnation)
+        if refusal is not None:  # refused before it touches the peer's queue or outbox
+            kind, status, why = refusal
+            self.node.refused[kind] += 1
+            if self.log is not None:
+                self.log.record(kind, f"watch: {why}")
+            await context.abort(status, f"{kind}: {why}")
         q = self.node.watch(who, request.acked, request.epoch, incarnation)
         try:
             while True:
@@ -820,7 +849,7 @@ async def serve(
         options=server_options(spec.heartbeat_interval),
         interceptors=[TokenCheck(spec.token, node.refused), caps],  # the token first
     )
-    add_service(SyncerService(node), server)
+    add_service(SyncerService(node, log), server)
     host, _, port = spec.leader.rpartition(":")
     host = spec.bind or host
     if spec.tls:

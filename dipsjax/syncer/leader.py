@@ -453,18 +453,11 @@ class Leader:
         round never opened or one that has ended. :meth:`handle` refuses such an event
         (counted by kind, nothing else changes); a driver may call this first to tell the
         sender. Pure: it changes nothing."""
-        learner = getattr(event, "learner", None)
-        n = self.config.learners
-        if learner is not None and n is not None and not 0 <= learner < n:
-            return BadEvent(
-                BadKind.UNKNOWN_LEARNER, f"no learner {learner}: the job has {n} learners"
-            )
-        follower = getattr(event, "follower", None)
-        k = self.config.num_followers
-        if follower is not None and not 0 <= follower < k:
-            return BadEvent(
-                BadKind.UNKNOWN_FOLLOWER, f"no follower {follower}: the job has {k} followers"
-            )
+        for role in ("learner", "follower"):
+            peer = getattr(event, role, None)
+            bad = None if peer is None else self.screen_peer(role, peer)
+            if bad is not None:
+                return bad
         round_id = getattr(event, "round_id", None)
         if round_id is not None:
             if round_id >= self.next_round_id:
@@ -474,6 +467,24 @@ class Leader:
                 )
             if self.round is None or round_id != self.round.round_id:
                 return BadEvent(BadKind.OLD_ROUND, f"round {round_id} has ended")
+        return None
+
+    def screen_peer(self, role: str, peer: int) -> BadEvent | None:
+        """Whether ``peer`` is a ``role`` (``learner`` or ``follower``) id the job does not
+        have (:meth:`screen`'s check of the peer an event is about; a driver's check of who
+        asks to watch its actions). Pure: it changes nothing."""
+        if role == "learner":
+            n = self.config.learners
+            if n is not None and not 0 <= peer < n:
+                return BadEvent(
+                    BadKind.UNKNOWN_LEARNER, f"no learner {peer}: the job has {n} learners"
+                )
+            return None
+        k = self.config.num_followers
+        if not 0 <= peer < k:
+            return BadEvent(
+                BadKind.UNKNOWN_FOLLOWER, f"no follower {peer}: the job has {k} followers"
+            )
         return None
 
     def handle(self, event: Event) -> list[Action]:

@@ -51,8 +51,9 @@ def _job(tmp_path, **spec_fields):
 
 def _round(learner, follower, round_id, version, tokens, steps):
     """Learner 0's push through a whole round: pushed, transferred, merged, applied, pulled."""
-    learner.call(m.PushRequested(0.0, 0, m.PushMeta(tokens, steps, version, train_seconds=1.0)))
-    learner.call(m.TransferDone(0.0, 0, round_id))
+    meta = m.PushMeta(tokens, steps, version, learner.incarnation, train_seconds=1.0)
+    learner.call(m.PushRequested(0.0, 0, meta))
+    learner.call(m.TransferDone(0.0, 0, round_id, learner.incarnation))
     follower.call(m.FollowerNorms(0.0, 0, round_id, (1.0,)))
     follower.call(m.FollowerMerged(0.0, 0, round_id, 0.5))
     follower.call(m.FollowerApplied(0.0, 0, round_id, version + 1))
@@ -139,6 +140,61 @@ def test_an_envelope_claiming_an_incarnation_that_never_joined_locks_no_one_out(
     assert learner.status()["tokens"]["reported"] == 4 * STEP  # round 0's alone
     for c in (forger, newer):
         c.close()
+
+
+def test_a_watch_for_a_peer_the_job_does_not_have_is_refused_and_counted(job):
+    """A Watch for learner 99, follower 99 or learner -1 (the job has 2 learners and 1
+    follower) is refused, naming the id and the job's range, and counted as the Call
+    path's screening counts it; before, the leader kept a queue for it and routed to it."""
+    _, learner, _ = job
+    stub = syncer_pb2_grpc.SyncerStub(learner.channel)
+    for peer, n, job_has in (("learner", 99, 2), ("follower", 99, 1), ("learner", -1, 2)):
+        request = syncer_pb2.WatchRequest(**{peer: n})
+        with pytest.raises(grpc.RpcError) as e:
+            next(stub.Watch(request, metadata=learner.metadata, timeout=10))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        assert f"no {peer} {n}: the job has {job_has} {peer}s" in e.value.details()
+    st = learner.status()
+    assert st["refused"] == {"unknown_learner": 2, "unknown_follower": 1}
+    assert learner.call(m.Heartbeat(0.0, 0)) == []  # the job goes on
+
+
+def test_a_watch_of_an_older_incarnation_is_refused_and_the_live_stream_keeps_its_actions(job):
+    """Learner 0 restarts (incarnation 1); a Watch naming its incarnation 0 (a stale
+    process, or a replayed request) that acknowledges everything is refused and counted: it
+    neither takes the live stream's place nor drops what the outbox holds for learner 0."""
+    spec, old, follower = job
+    stub = syncer_pb2_grpc.SyncerStub(old.channel)
+    new = ControlClient(spec, learner=0, incarnation=1)
+    mine = syncer_pb2.WatchRequest(learner=0, incarnation=1)
+    # A restarted learner may watch before its Join: an incarnation newer than the
+    # leader counts is taken, as before.
+    early = stub.Watch(mine, metadata=new.metadata, timeout=10)
+    assert new.call(m.Join(0.0, 0, incarnation=1, fingerprint=spec.fingerprint)) == []
+    first = next(early)  # the old incarnation's eviction went into the open stream
+    while first.WhichOneof("message") != "send_model":
+        first = next(early)
+    early.cancel()
+    live = stub.Watch(mine, metadata=new.metadata, timeout=60)
+    assert next(live).seq == first.seq  # not acknowledged: sent again
+    new.call(m.PullDone(0.0, 0, 0))
+    stale = syncer_pb2.WatchRequest(learner=0, incarnation=0, acked=10**6, epoch=first.epoch)
+    with pytest.raises(grpc.RpcError) as e:
+        next(stub.Watch(stale, metadata=old.metadata, timeout=10))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "incarnation 0 of learner 0 is older than 1" in e.value.details()
+    assert old.status()["refused"] == {"old_incarnation": 1}
+    # The live stream still gets learner 0's next action ...
+    _round(new, follower, 0, 0, 4 * STEP, 4)
+    kinds = []
+    while "notify_pull" not in kinds:
+        kinds.append(next(live).WhichOneof("message"))
+    live.cancel()
+    # ... and the outbox still holds what learner 0 has not acknowledged.
+    again = stub.Watch(mine, metadata=new.metadata, timeout=10)
+    assert next(again).seq == first.seq
+    again.cancel()
+    new.close()
 
 
 def test_the_credential_is_checked_before_the_request_is_parsed_and_bad_bytes_are_named(job):

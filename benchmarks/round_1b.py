@@ -120,7 +120,8 @@ def stand_in(spec_path: str, j: int) -> None:
     def push(k: int) -> None:
         layers = [tr.layer for tr in plan.transfers if tr.follower == k]
         tensors = ((i, block[: int(np.prod(shapes[i][0]))].reshape(shapes[i][0])) for i in layers)
-        clients[k].push(plan.round_id, j, 0, 0, tensors, codec="bf16")
+        ticket = bytes.fromhex(plan.ticket)  # the leader's grant, checked by the followers
+        clients[k].push(plan.round_id, j, 0, 0, tensors, codec="bf16", ticket=ticket)
 
     parallel(push)
     times["push"] = time.perf_counter() - t0

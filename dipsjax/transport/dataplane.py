@@ -717,10 +717,26 @@ class DataPlaneServer:
                         return
             except Refusal as e:  # refused from a header: its body was not read, so close
                 self._error(sock, e.kind, str(e), refused=True)
+                self._linger(sock)
             except FrameError as e:  # malformed mid-push: nothing was staged
                 self._error(sock, "frame", str(e))
             except (OSError, _Evicted):
                 return
+
+    @staticmethod
+    def _linger(sock: socket.socket, limit: int = 1 << 22, seconds: float = 1.0) -> None:
+        """After refusing a push from a header: reads (and drops) what the sender still
+        sends, at most ``limit`` bytes for ``seconds``, so that closing with its frames
+        unread does not reset the connection before it read the ``ERROR`` (it would see a
+        broken link, and retry, instead of the refusal)."""
+        deadline, got = time.monotonic() + seconds, 0
+        with contextlib.suppress(OSError, ValueError):
+            while got < limit and (left := deadline - time.monotonic()) > 0:
+                sock.settimeout(left)
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                got += len(data)
 
     def _read(self, sock: socket.socket, cid: int | None) -> tuple[Header, Any, Any]:
         """A frame; the connection's first (``cid`` given: no TLS) settles it once its
@@ -1002,6 +1018,18 @@ class DataPlaneClient:
             raise TransferError(message, refused=header.tensor >= REFUSED, kind=kind)
         return header, payload, scales
 
+    def _refusal_after(self, sock: Any) -> TransferError | None:
+        """The server's ``ERROR`` reply if one is waiting on a connection whose sending
+        failed, else None (the connection broke: a retry may help)."""
+        try:
+            sock.settimeout(1.0)
+            self._reply(sock)
+        except TransferError as refusal:
+            return refusal
+        except (OSError, FrameError, ValueError):
+            pass
+        return None
+
     def push(
         self,
         round_id: int,
@@ -1042,8 +1070,13 @@ class DataPlaneClient:
                 sent += send_frame(sock, header, payload, scales)
             send_frame(sock, Header(END, codec="fp32", round_id=round_id, learner=learner))
             self._reply(sock)
-        except (OSError, FrameError):
+        except (OSError, FrameError) as e:
+            # A push refused from a header: the server sent its ERROR and hung up while we
+            # were still sending. Its reply, if it came, says why (and whether to retry).
+            refusal = self._refusal_after(sock) if isinstance(e, OSError) else None
             self.close()
+            if refusal is not None:
+                raise refusal from e
             raise
         except TransferError:
             self.close()  # the server may have dropped the stream: start clean

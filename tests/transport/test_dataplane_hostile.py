@@ -311,3 +311,29 @@ def test_the_first_frame_deadline_is_absolute_however_slowly_a_peer_trickles(cre
         client.close()
     finally:
         f.server.close()
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_a_push_refused_from_its_first_header_reaches_the_sender_as_a_refusal(creds, tls):
+    """Bug (CI rehearsal): a push refused from its first header while the sender still
+    sent its other tensors reached it as a broken link (``SSLEOFError``; a learner would
+    retry in vain), not as the refusal: the server closed with frames unread."""
+
+    def refuse(header):
+        raise dp.Refusal("layout", f"no tensor {header.tensor} here")
+
+    f = Follower(ssl_context=creds.ssl_server() if tls else None)
+    f.server.expect = refuse
+    try:
+        client = dp.DataPlaneClient(
+            f.server.address, timeout=10, ssl_context=creds.ssl_client() if tls else None
+        )
+        big = [(i, np.ones((1024, 1024), np.float32)) for i in range(8)]  # 32 MiB in all
+        for _ in range(3):
+            with pytest.raises(dp.TransferError, match="no tensor 0 here") as e:
+                client.push(1, 0, 0, 0, big, codec="fp32")
+            assert e.value.refused and e.value.kind == "layout"
+        assert f.server.refused["layout"] == 3 and f.pushes == {}
+        client.close()
+    finally:
+        f.server.close()

@@ -615,6 +615,18 @@ class RpcCaps(grpc.aio.ServerInterceptor):
         if self.open[host] <= 0:
             del self.open[host]
 
+    @contextlib.asynccontextmanager
+    async def _place(self, context):
+        """A place for one call of its peer's host while it runs (refused when none)."""
+        host = peer_host(context.peer())
+        why = self.admit(host)
+        if why is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+        try:
+            yield
+        finally:
+            self.release(host)
+
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
         if handler is None or handler.request_streaming:
@@ -623,29 +635,20 @@ class RpcCaps(grpc.aio.ServerInterceptor):
             behavior = handler.unary_stream
 
             async def stream(request, context):
-                host = peer_host(context.peer())
-                why = self.admit(host)
-                if why is not None:
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
-                try:  # aclosing: the Watch's own cleanup runs even if it was left at a yield
-                    async with contextlib.aclosing(behavior(request, context)) as replies:
-                        async for reply in replies:
-                            yield reply
-                finally:
-                    self.release(host)
+                # aclosing: the Watch's own cleanup runs even if it was left at a yield
+                async with (
+                    self._place(context),
+                    contextlib.aclosing(behavior(request, context)) as replies,
+                ):
+                    async for reply in replies:
+                        yield reply
 
             return handler._replace(unary_stream=stream)
         behavior = handler.unary_unary
 
         async def unary(request, context):
-            host = peer_host(context.peer())
-            why = self.admit(host)
-            if why is not None:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
-            try:
+            async with self._place(context):
                 return await behavior(request, context)
-            finally:
-                self.release(host)
 
         return handler._replace(unary_unary=unary)
 

@@ -108,6 +108,19 @@ def _run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _refused_up_front(tmp_path, override):
+    """``dipsjax run --set OVERRIDE``'s one line of error: exit 2, no traceback, and no run
+    folder (no credentials/) written."""
+    out = tmp_path / "run"
+    proc = _run_cli(tmp_path, "--out", str(out), "--set", override)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert not out.exists()  # no run folder, no credentials/
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     ("override", "field"),
     [
@@ -120,14 +133,8 @@ def _run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing(
     tmp_path, override, field
 ):
-    out = tmp_path / "run"
-    proc = _run_cli(tmp_path, "--out", str(out), "--set", override)
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert f"config {field}: must be " in lines[0]
-    assert not out.exists()  # no run folder, no credentials/
+    line = _refused_up_front(tmp_path, override)
+    assert f"config {field}: must be " in line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -183,14 +190,8 @@ def test_partitions_that_split_the_batch_are_accepted_and_build_their_jobs():
     "override", ["launch.learner.cpu_devices=3", "launch.learners={5: {'cpus': 1}}"]
 )
 def test_dipsjax_run_refuses_a_bad_partition_before_writing_anything(tmp_path, override):
-    out = tmp_path / "run"
-    proc = _run_cli(tmp_path, "--out", str(out), "--set", override)
-    assert proc.returncode == 2, proc.stderr
-    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "config launch.learner" in lines[0] and ": must be " in lines[0], lines[0]
-    assert not out.exists()  # no run folder, no credentials/
+    line = _refused_up_front(tmp_path, override)
+    assert "config launch.learner" in line and ": must be " in line, line
     assert list(tmp_path.iterdir()) == []
 
 

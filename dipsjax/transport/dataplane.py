@@ -516,13 +516,20 @@ class DataPlaneServer:
         self, sock: socket.socket | None, kind: str, message: str, refused: bool = False
     ) -> None:
         with self._lock:
-            self.stats["errors"] += 1
-            self.refused[kind] += 1
-            self.errors.append(message)
-            del self.errors[:-100]  # the newest hundred
+            self._tally(kind, message)
         if sock is not None:
             # The sender first: metrics cannot delay it.
             _send_error(sock, message, kind if refused else None)
+        self._notify(kind, message)
+
+    def _tally(self, kind: str, message: str) -> None:
+        """Under ``_lock``: counts a refusal (before its peer can see it)."""
+        self.stats["errors"] += 1
+        self.refused[kind] += 1
+        self.errors.append(message)
+        del self.errors[:-100]  # the newest hundred
+
+    def _notify(self, kind: str, message: str) -> None:
         if self.on_refusal is not None:
             with contextlib.suppress(Exception):
                 self.on_refusal(kind, message)
@@ -558,7 +565,7 @@ class DataPlaneServer:
                     self.stats["open_connections"] += 1
                     self._pending[cid] = (ip, conn.fileno(), time.monotonic())
             if evicted is not None:
-                self._error(None, "evicted", f"unauthenticated connection from {evicted} closed")
+                self._notify("evicted", evicted)
             if over:  # counted before it is closed: the peer sees the count
                 self._error(None, "cap", f"connection from {ip} over the connection caps")
                 with contextlib.suppress(OSError):
@@ -580,7 +587,8 @@ class DataPlaneServer:
 
     def _make_room(self, ip: str) -> tuple[bool, str | None]:
         """Under ``_lock``, for a new connection from ``ip``: ``(over, evicted)``: still
-        over a cap, and the address of the unauthenticated connection shut to make room."""
+        over a cap, and the refusal message of the unauthenticated connection shut to make
+        room (counted already)."""
         per_address = self._open[ip] >= self.max_per_address
         if not per_address and self.stats["open_connections"] < self.max_connections:
             return False, None
@@ -589,14 +597,19 @@ class DataPlaneServer:
         )
         if victim is None:
             return True, None
-        return False, self._shut_pending(victim)
+        why = "unauthenticated connection from {} shut to make room"
+        return False, self._shut_pending(victim, "evicted", why)
 
-    def _shut_pending(self, cid: int) -> str:
-        """Under ``_lock``: shuts pending connection ``cid`` (its thread then ends, closes
-        it and counts nothing more) and takes it off the caps; returns its address. Its
-        descriptor is still open: a connection thread closes only once settled, under the
-        same lock. Shut through a duplicate, beneath any TLS object wrapping it."""
+    def _shut_pending(self, cid: int, kind: str, message: str) -> str:
+        """Under ``_lock``: counts refusal ``kind`` (``message`` formatted with the peer's
+        address; returned, for the refusal log) before its peer can see it, then shuts
+        pending connection ``cid`` (its thread then ends, closes it and counts nothing
+        more) and takes it off the caps. Its descriptor is still open: a connection thread
+        closes only once settled, under the same lock. Shut through a duplicate, beneath
+        any TLS object wrapping it."""
         ip, fd, _ = self._pending.pop(cid)
+        message = message.format(ip)
+        self._tally(kind, message)
         with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as dup:
             dup.shutdown(socket.SHUT_RDWR)
         self._shut.add(cid)
@@ -604,7 +617,7 @@ class DataPlaneServer:
         if self._open[ip] <= 0:
             del self._open[ip]
         self.stats["open_connections"] -= 1
-        return ip
+        return message
 
     def _reap(self) -> None:
         """Shuts connections still unauthenticated ``first_frame_timeout`` after their
@@ -618,13 +631,11 @@ class DataPlaneServer:
                     for c, (_, _, t0) in self._pending.items()
                     if now - t0 > self.first_frame_timeout
                 ]
-                shut = [self._shut_pending(c) for c in late]
-            for ip in shut:
-                self._error(
-                    None,
-                    "first_frame",
-                    f"connection from {ip} not authenticated within {self.first_frame_timeout:g} s",
-                )
+                deadline = f"{self.first_frame_timeout:g} s"
+                why = "connection from {} not authenticated within " + deadline
+                shut = [self._shut_pending(c, "first_frame", why) for c in late]
+            for message in shut:
+                self._notify("first_frame", message)
 
     def _was_shut(self, cid: int) -> bool:
         with self._lock:

@@ -6,6 +6,7 @@ import itertools
 import json
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -167,11 +168,28 @@ class ControlClient:
             self.stream.cancel()
 
     def status(self, timeout: float = 30.0) -> dict[str, Any]:
-        """The leader's status: rounds, phase, tokens, learners' states."""
-        reply = self.stub.Status(
-            syncer_pb2.StatusRequest(), timeout=timeout, wait_for_ready=True, metadata=self.metadata
-        )
-        return json.loads(reply.json)
+        """The leader's status: rounds, phase, tokens, learners' states.
+
+        ``Status`` only reads, so a call that meets a connection broken a moment before
+        (UNAVAILABLE: a leader restarted while this channel still held its old connection)
+        is tried again, each 0.2 s, until ``timeout``."""
+        import grpc
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                reply = self.stub.Status(
+                    syncer_pb2.StatusRequest(),
+                    timeout=max(left, 0.001),
+                    wait_for_ready=True,
+                    metadata=self.metadata,
+                )
+                return json.loads(reply.json)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or left <= 0.2:
+                    raise
+            time.sleep(0.2)
 
     def close(self) -> None:
         self.channel.close()

@@ -119,3 +119,37 @@ def test_the_files_others_read_while_the_leader_runs_are_replaced_whole(run):
         c.close()
     assert all(before[n] != after[n] for n in names), (before, after)
     assert not list((run_dir / "leader").glob("*.tmp"))
+
+
+def test_status_tries_again_when_the_leader_is_momentarily_unavailable(tmp_path):
+    """A status call that meets a connection broken a moment before (a restarted leader:
+    "Stream removed", UNAVAILABLE) is tried again within its timeout: ``Status`` only
+    reads, so a retry is always safe. Stop 27's CI failed on this race."""
+    from concurrent import futures
+
+    import grpc
+
+    from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+    calls = []
+
+    class Flaky(syncer_pb2_grpc.SyncerServicer):
+        def Status(self, request, context):
+            calls.append(1)
+            if len(calls) < 3:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Stream removed")
+            return syncer_pb2.StatusReply(json=json.dumps({"version": 7}))
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    syncer_pb2_grpc.add_SyncerServicer_to_server(Flaky(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        spec = make_spec(SimConfig(learners=1, followers=1, token_budget=1000), tmp_path / "run")
+        spec = dataclasses.replace(spec, leader=f"127.0.0.1:{port}", tls=False)
+        client = ControlClient(spec, learner=0)
+        assert client.status(timeout=20) == {"version": 7}
+        assert len(calls) == 3
+        client.close()
+    finally:
+        server.stop(0)

@@ -22,6 +22,22 @@ class SimConfig:
     every learner sends its pseudo-gradient to every other learner and applies the outer step
     itself), ``dips`` and ``decoupled``.
 
+    Task: ``task`` names the function that builds what is trained (model, loss, data,
+    evaluation, optimizers: :class:`dipsjax.task.Task`) by import path,
+    ``"package.module:function"``, called as ``function(config, **task_args)``; empty: the
+    built-in LLaMA language model (``model``, ``corpus``, ``seq_len``, ``chunk_len``).
+
+    Inner optimizer (unless the task brings its own): AdamW at ``inner_lr`` with
+    ``inner_schedule`` (``constant``, ``cosine`` or ``linear`` decay over
+    ``inner_decay_steps``) after ``inner_warmup`` linear warmup steps, decoupled weight decay
+    ``inner_weight_decay`` on matrices, global-norm clipping at ``inner_clip`` (``None``:
+    off). The schedule counts the learner's own inner steps across rounds (its AdamW state,
+    and so its step count, is kept across pulls, as DiLoCo does).
+
+    Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
+    ``outer_momentum``); ``outer_optimizer`` names a function ``(learning_rate, momentum)
+    -> optax transform`` to use in its place (an extension).
+
     Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
     files; ``validation_doc`` names the held-out document (its file stem for a folder).
 
@@ -49,6 +65,8 @@ class SimConfig:
     """
 
     method: str = "dips"
+    task: str = ""
+    task_args: tuple[tuple[str, Any], ...] = ()
     learners: int = 4
     followers: int = 2
     model: str = "tiny"
@@ -59,6 +77,12 @@ class SimConfig:
     chunk_len: int = 4096
     inner_steps: int = 16
     inner_lr: float = 3e-3
+    inner_schedule: str = "constant"
+    inner_warmup: int = 0
+    inner_decay_steps: int = 0
+    inner_weight_decay: float = 0.0
+    inner_clip: float | None = 1.0
+    outer_optimizer: str = ""
     outer_lr: float = 0.7
     outer_momentum: float = 0.8
     token_budget: int = 262_144
@@ -99,6 +123,16 @@ class SimConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        args = self.task_args
+        if isinstance(args, dict):
+            args = tuple(sorted(args.items()))
+        try:
+            args = tuple((str(k), _frozen(v)) for k, v in args)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"SimConfig.task_args must be a dict of keyword arguments, got {self.task_args!r}"
+            ) from None
+        object.__setattr__(self, "task_args", args)
         checks = [
             (self.method in METHODS, "method", f"one of {METHODS}"),
             (self.learners >= 1, "learners", ">= 1"),
@@ -132,6 +166,12 @@ class SimConfig:
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy or optimal"),
             (self.adopt in ("replace", "delta"), "adopt", "replace or delta"),
             (self.eval_every >= 1, "eval_every", ">= 1"),
+            (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
+            (
+                not self.outer_optimizer or ":" in self.outer_optimizer,
+                "outer_optimizer",
+                "'package.module:function' or empty",
+            ),
         ]
         for ok, name, allowed in checks:
             if not ok:
@@ -150,6 +190,23 @@ class SimConfig:
                     f"0 <= learner < {self.learners} and t_fail < t_back, got {f!r}"
                 )
         self.anomaly()  # validates alpha, beta, warmup and the floors
+        self.inner_optimizer()  # validates the inner_* fields
+
+    def inner_optimizer(self) -> Any:
+        """The learners' inner AdamW settings from the ``inner_*`` fields."""
+        from dipsjax.inner import InnerOptimizerConfig
+
+        try:
+            return InnerOptimizerConfig(
+                learning_rate=self.inner_lr,
+                schedule=self.inner_schedule,
+                warmup_steps=self.inner_warmup,
+                decay_steps=self.inner_decay_steps,
+                weight_decay=self.inner_weight_decay,
+                clip_norm=self.inner_clip,
+            )
+        except ValueError as e:
+            raise ValueError(f"SimConfig inner optimizer: {e}") from None
 
     def bandwidth(self, j: int) -> float:
         return self.bandwidth_gbps[j] if self.bandwidth_gbps else 10.0
@@ -206,6 +263,16 @@ class SimConfig:
             num_followers=num_followers,
             layer_owner=layer_owner,
         )
+
+
+def _frozen(value: Any) -> Any:
+    """A task argument as a hashable value (lists as tuples, dicts as sorted pairs)."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    hash(value)
+    return value
 
 
 @dataclasses.dataclass

@@ -1,0 +1,219 @@
+"""Bring your own task: the model, loss, data, evaluation and optimizers a job trains.
+
+A :class:`Task` is everything about *what* is trained; the rest of dipsjax (the learners'
+protocol, the syncer, the books, chunk leasing, checkpoints, replay) is about *how*, and
+works the same for any task. A config names its task by import path, and every process of
+a job (and the simulator) builds it the same way::
+
+    # mypkg/tasks.py
+    def get_task(cfg, hidden=64):          # cfg: the experiment's SimConfig
+        return dipsjax.task.Task(
+            name="mlp",
+            model=lambda rngs: MLP(hidden, rngs=rngs),       # any NNX module
+            loss=lambda model, batch: mse(model(batch["x"]), batch["y"]),
+            data=lambda: MyChunks(cfg.batch_size),           # a DataSource, built lazily
+            eval_batches=lambda: my_validation_batches(),
+        )
+
+    # the config: sim=dict(task="mypkg.tasks:get_task", task_args={"hidden": 128}, ...)
+
+The built-in LLaMA language model on a text corpus is one task among others
+(:func:`dipsjax.tasks.lm.get_task`, the default).
+
+Data. A :class:`DataSource` gives deterministic batches by ``(chunk, index)``: chunks are
+the leader's unit of data assignment (a learner leases a piece of a chunk, trains it, and
+the ledger settles it once its push is applied, or gives it back when it is lost), so a
+learner's *data position* is just the piece and batch it is on
+(:class:`~dipsjax.data.pipeline.StreamPosition`), which its checkpoints keep and replay
+reads again. Every batch counts the same ``tokens_per_batch`` in the job's books (the
+"tokens" of a non-text task are whatever unit it counts: examples, pixels, ...).
+
+Sharding. On a partition mesh the learner places every leaf of a batch with its leading
+axis split over the mesh's ``data`` axis, and parameters as their NNX sharding annotations
+say. A loss may read :func:`activation_sharding` (the ``[batch, ...]`` sharding of the
+partition, ``None`` unsharded) to constrain its activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import importlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import optax
+
+    from dipsjax.sim.config import SimConfig
+
+PyTree = Any
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """Training batches by ``(chunk, index)``: deterministic, random access.
+
+    Attributes:
+      num_chunks: chunks of the training set (the leader's ledger leases pieces of them).
+      batches_per_chunk: batches in every chunk.
+      tokens_per_batch: what one batch counts in the job's books (an exact int; for text,
+        ``batch_size * seq_len`` target tokens).
+    """
+
+    num_chunks: int
+    batches_per_chunk: int
+    tokens_per_batch: int
+
+    def batch(self, chunk: int, index: int) -> PyTree:
+        """Batch ``index`` (``0 <= index < batches_per_chunk``) of chunk ``chunk``: a pytree
+        of NumPy arrays whose leaves share their leading (batch) axis. The same call gives
+        the same batch in every process, every time."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, eq=False)
+class Task:
+    """What a job trains (see the module docstring).
+
+    Attributes:
+      name: a short name for logs and reports.
+      model: ``model(rngs) -> nnx.Module``, the model factory (``nnx.Rngs`` seeded by the
+        job's seed: every learner starts from the same parameters). Its ``nnx.Param``
+        leaves are what the job trains, shards over followers and exports.
+      loss: ``loss(model, batch) -> scalar``, the mean training loss of a batch (the inner
+        optimizer minimises it; validation reports it on :attr:`eval_batches`).
+      data: the training :class:`DataSource`, or a function that builds it (called once,
+        only in the processes that read data: learners, the simulator, the launcher).
+      eval_batches: the validation batches (a sequence, or a function returning one), each
+        counting :attr:`DataSource.tokens_per_batch`-like weight ``count(batch)``.
+      metrics: ``metrics(mean_val_loss) -> {name: value}``, extra validation figures (the
+        language model's ``bits_per_byte``); none by default.
+      count: ``count(batch) -> int``, what a batch counts in the books; by default the
+        source's ``tokens_per_batch`` (the language model checks its token batches here).
+      inner_optimizer: an ``optax`` transform for the learners' inner steps; ``None``: the
+        config's (:class:`~dipsjax.learner.step.InnerOptimizerConfig` from ``inner_*``).
+      outer_optimizer: ``outer_optimizer(learning_rate, momentum) -> optax transform``, the
+        followers' outer step in place of the papers' Nesterov SGD (the method's merge,
+        penalty and clipping stay); ``None``: Nesterov, or the config's ``outer_optimizer``.
+    """
+
+    name: str
+    model: Callable[[Any], Any]
+    loss: Callable[[Any, PyTree], Any]
+    data: DataSource | Callable[[], DataSource]
+    eval_batches: Sequence[PyTree] | Callable[[], Sequence[PyTree]] = ()
+    metrics: Callable[[float], dict[str, float]] | None = None
+    count: Callable[[PyTree], int] | None = None
+    inner_optimizer: optax.GradientTransformation | None = None
+    outer_optimizer: Callable[[float, float], optax.GradientTransformation] | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("model", "loss"):
+            if not callable(getattr(self, field)):
+                raise TypeError(f"Task.{field} must be callable, got {getattr(self, field)!r}")
+        if not (callable(self.data) or isinstance(self.data, DataSource)):
+            raise TypeError(
+                "Task.data must be a DataSource (num_chunks, batches_per_chunk, "
+                f"tokens_per_batch, batch(chunk, index)) or a function returning one, got "
+                f"{self.data!r}"
+            )
+
+    @functools.cached_property
+    def source(self) -> DataSource:
+        """The training data (built on first use)."""
+        src = self.data if isinstance(self.data, DataSource) else self.data()
+        check_source(src, self.name)
+        return src
+
+    @functools.cached_property
+    def validation(self) -> list[PyTree]:
+        """The validation batches (built on first use)."""
+        given = self.eval_batches() if callable(self.eval_batches) else self.eval_batches
+        return list(given)
+
+    def tokens_in(self, batch: PyTree) -> int:
+        """What ``batch`` counts in the books."""
+        if self.count is not None:
+            return int(self.count(batch))
+        return int(self.source.tokens_per_batch)
+
+    def extra_metrics(self, loss: float) -> dict[str, float]:
+        return {} if self.metrics is None else dict(self.metrics(loss))
+
+    def bits_per_byte(self, loss: float) -> float:
+        """The ``bits_per_byte`` metric of a validation loss, NaN for a task without one."""
+        return float(self.extra_metrics(loss).get("bits_per_byte", math.nan))
+
+
+def check_source(src: Any, name: str = "task") -> None:
+    """Raises a ``TypeError``/``ValueError`` naming what a data source lacks."""
+    if not isinstance(src, DataSource):
+        raise TypeError(
+            f"{name}: the data source {src!r} is not a DataSource (it needs num_chunks, "
+            "batches_per_chunk, tokens_per_batch and batch(chunk, index))"
+        )
+    for field in ("num_chunks", "batches_per_chunk", "tokens_per_batch"):
+        value = getattr(src, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}: DataSource.{field} must be an integer >= 1, got {value!r}")
+
+
+# -- naming a task in a config ---------------------------------------------------------------
+
+#: The built-in language model (LLaMA decoder on a text corpus): the default task.
+DEFAULT = "dipsjax.tasks.lm:get_task"
+
+
+def resolve(path: str) -> Callable[..., Task]:
+    """The function ``"package.module:function"`` names (a clear error if it does not)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"task {path!r}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"task {path!r}: cannot import {module_name!r} ({e})") from e
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise ValueError(f"task {path!r}: {module_name!r} has no {attr!r}")
+    if not callable(fn):
+        raise ValueError(f"task {path!r}: {attr!r} is not callable")
+    return fn
+
+
+@functools.lru_cache(maxsize=16)
+def load_task(cfg: SimConfig) -> Task:
+    """The task of experiment ``cfg``: ``resolve(cfg.task)(cfg, **cfg.task_args)``, built
+    once per process and config."""
+    fn = resolve(cfg.task or DEFAULT)
+    task = fn(cfg, **dict(cfg.task_args))
+    if not isinstance(task, Task):
+        raise TypeError(f"task {cfg.task!r} returned {type(task).__name__}, not a dipsjax Task")
+    return task
+
+
+# -- activation sharding, for losses that constrain their activations ----------------------------
+
+_ACTIVATIONS: contextvars.ContextVar[Any] = contextvars.ContextVar("activations", default=None)
+
+
+def activation_sharding() -> Any:
+    """The partition's ``[batch, ...]`` activation sharding while a learner traces its loss
+    (``None`` unsharded, or outside a learner)."""
+    return _ACTIVATIONS.get()
+
+
+@contextlib.contextmanager
+def activations_sharded(sharding: Any) -> Iterator[None]:
+    """Sets :func:`activation_sharding` for the losses traced inside."""
+    token = _ACTIVATIONS.set(sharding)
+    try:
+        yield
+    finally:
+        _ACTIVATIONS.reset(token)

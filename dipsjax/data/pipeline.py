@@ -34,6 +34,7 @@ import numpy as np
 
 from dipsjax.data.corpus import load_corpus
 from dipsjax.data.tokenizer import ByteTokenizer, Tokenizer, unigram_entropy_bits
+from dipsjax.task import DataSource, check_source
 
 DEFAULT_CHUNK_LEN = 4096
 """Default chunk size in tokens: 868 chunks of the Austen train split."""
@@ -155,6 +156,36 @@ class Batch(NamedTuple):
         return self.tokens[:, 1:]
 
 
+class TokenChunks:
+    """The :class:`~dipsjax.task.DataSource` of a token corpus cut into chunks
+    (:func:`chunk_tokens`, ``int32[num_chunks, chunk_len + 1]``), read as batches
+    ``int32[batch_size, seq_len + 1]``: batch ``b`` of chunk ``c`` holds sequences
+    ``b*batch_size .. (b+1)*batch_size - 1`` of ``c``, sequence ``j`` being
+    ``chunks[c, j*seq_len : (j+1)*seq_len + 1]``; each counts ``batch_size * seq_len``
+    target tokens. ``chunk_len`` must be a multiple of ``batch_size * seq_len``: a batch
+    never spans two chunks."""
+
+    def __init__(self, chunks: np.ndarray, *, batch_size: int, seq_len: int) -> None:
+        if chunks.ndim != 2 or chunks.shape[1] < 2:
+            raise ValueError(f"chunks must be [num_chunks, chunk_len + 1], got {chunks.shape}")
+        chunk_len = chunks.shape[1] - 1
+        if batch_size < 1 or seq_len < 1 or chunk_len % (batch_size * seq_len):
+            raise ValueError(
+                f"chunk_len {chunk_len} must be a multiple of batch_size * seq_len "
+                f"({batch_size} * {seq_len}) so that a batch never spans two chunks"
+            )
+        self.chunks = chunks
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.num_chunks = int(chunks.shape[0])
+        self.batches_per_chunk = chunk_len // (batch_size * seq_len)
+        self.tokens_per_batch = batch_size * seq_len
+        self._columns = np.arange(seq_len + 1)[None, :]
+
+    def batch(self, chunk: int, index: int) -> np.ndarray:
+        seqs = index * self.batch_size + np.arange(self.batch_size)[:, None]
+        return self.chunks[chunk, seqs * self.seq_len + self._columns].astype(np.int32)
+
+
 class BatchStream:
     """Deterministic training batches from chunks in source order; resumable exactly.
 
@@ -171,40 +202,34 @@ class BatchStream:
 
     def __init__(
         self,
-        chunks: np.ndarray,
+        chunks: np.ndarray | DataSource,
         *,
-        batch_size: int,
-        seq_len: int,
+        batch_size: int = 0,
+        seq_len: int = 0,
         source: ChunkSource,
         position: StreamPosition | None = None,
     ) -> None:
-        if chunks.ndim != 2 or chunks.shape[1] < 2:
-            raise ValueError(f"chunks must be [num_chunks, chunk_len + 1], got {chunks.shape}")
-        chunk_len = chunks.shape[1] - 1
-        if batch_size < 1 or seq_len < 1 or chunk_len % (batch_size * seq_len):
-            raise ValueError(
-                f"chunk_len {chunk_len} must be a multiple of batch_size * seq_len "
-                f"({batch_size} * {seq_len}) so that a batch never spans two chunks"
-            )
-        self.chunks = chunks
-        self.batch_size = batch_size
-        self.seq_len = seq_len
-        self.batches_per_chunk = chunk_len // (batch_size * seq_len)
+        if isinstance(chunks, np.ndarray):
+            chunks = TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
+        check_source(chunks, "BatchStream")
+        self.data = chunks
+        self.num_chunks = chunks.num_chunks
+        self.batches_per_chunk = chunks.batches_per_chunk
+        self.tokens_per_batch = chunks.tokens_per_batch
         self.source = source
         pos = position if position is not None else StreamPosition()
         if pos.chunk is None and pos.offset != 0:
             raise ValueError(f"position {pos} has an offset but no chunk")
         if pos.chunk is not None and not (
-            0 <= pos.chunk < chunks.shape[0]
+            0 <= pos.chunk < self.num_chunks
             and pos.start <= pos.offset < (self.batches_per_chunk if pos.end is None else pos.end)
             and (pos.end is None or pos.end <= self.batches_per_chunk)
         ):
             raise ValueError(
-                f"position {pos} does not fit {chunks.shape[0]} chunks of "
+                f"position {pos} does not fit {self.num_chunks} chunks of "
                 f"{self.batches_per_chunk} batches"
             )
         self._position = pos
-        self._columns = np.arange(seq_len + 1)[None, :]
 
     @property
     def position(self) -> StreamPosition:
@@ -213,7 +238,7 @@ class BatchStream:
 
     @property
     def tokens_consumed(self) -> int:
-        """Target tokens yielded so far, ``batches * batch_size * seq_len``."""
+        """Tokens yielded so far, ``batches * tokens_per_batch``."""
         return self._position.tokens
 
     def _next_piece(self, index: int) -> tuple[int, int, int] | None:
@@ -227,8 +252,8 @@ class BatchStream:
             c, s, e = int(piece), 0, self.batches_per_chunk
         else:
             c, s, e = (int(x) for x in piece)
-        if not 0 <= c < self.chunks.shape[0]:
-            raise ValueError(f"chunk id {c} out of [0, {self.chunks.shape[0]})")
+        if not 0 <= c < self.num_chunks:
+            raise ValueError(f"chunk id {c} out of [0, {self.num_chunks})")
         if not 0 <= s < e <= self.batches_per_chunk:
             raise ValueError(
                 f"piece {(c, s, e)}: batches out of [0, {self.batches_per_chunk}) of chunk {c}"
@@ -247,15 +272,14 @@ class BatchStream:
             chunk, start, end = piece
             offset, taken = start, taken + 1
         end = self.batches_per_chunk if end is None else end
-        seqs = offset * self.batch_size + np.arange(self.batch_size)[:, None]
-        tokens = self.chunks[chunk, seqs * self.seq_len + self._columns].astype(np.int32)
+        tokens = self.data.batch(chunk, offset)
         finished = offset + 1 == end
         self._position = StreamPosition(
             chunk=None if finished else chunk,
             offset=0 if finished else offset + 1,
             chunks_taken=taken,
             batches=pos.batches + 1,
-            tokens=pos.tokens + self.batch_size * self.seq_len,
+            tokens=pos.tokens + self.tokens_per_batch,
             start=0 if finished else start,
             end=None if finished or end == self.batches_per_chunk else end,
         )

@@ -85,9 +85,9 @@ def _make_spec(
     import numpy as np
 
     from dipsjax import outer
-    from dipsjax.data import ByteTokenizer, train_chunks
     from dipsjax.runtime.client import model_fingerprint, model_layout
     from dipsjax.syncer.schedule import assign_layers
+    from dipsjax.task import load_task
 
     if credentials is not None:
         # Names what is missing or readable by others now, before anything is written.
@@ -102,12 +102,7 @@ def _make_spec(
     fingerprint = model_fingerprint({p: (np.shape(flat[p]), flat[p].dtype) for p in paths})
     sizes = [4 * int(np.prod(np.shape(flat[p]))) for p in paths]
     n_followers = min(sim.followers, len(paths))
-    chunks = train_chunks(
-        sim.corpus,
-        chunk_len=sim.chunk_len,
-        tokenizer=ByteTokenizer(),
-        validation_doc=sim.validation_doc,
-    )
+    data = load_task(sim).source
     return RunSpec(
         sim=sim,
         leader=f"127.0.0.1:{free_port()}",
@@ -115,7 +110,9 @@ def _make_spec(
         credentials=str(Path(credentials).resolve()),
         run_dir=str(run_dir),
         layer_owner=assign_layers(sizes, n_followers),
-        num_chunks=int(chunks.shape[0]),
+        num_chunks=data.num_chunks,
+        batches_per_chunk=data.batches_per_chunk,
+        step_tokens=data.tokens_per_batch,
         heartbeat_interval=heartbeat_interval,
         tls=tls,
         fingerprint=fingerprint,

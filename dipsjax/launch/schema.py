@@ -324,7 +324,7 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
 
 def _held_out_ok(s: Mapping[str, Any]) -> bool:
     """``validation_doc`` names a document of the corpus and leaves one to train on."""
-    if s["validation_doc"] is None:
+    if s["validation_doc"] is None or s.get("task"):
         return True
     docs = corpus_documents(s["corpus"])
     return s["validation_doc"] in docs and len(docs) > 1
@@ -350,7 +350,10 @@ CROSS += (
     (
         "sim.chunk_len",
         "at most the training tokens of sim.corpus (a run needs one chunk at least)",
-        lambda s: _num_chunks(s["corpus"], s["chunk_len"], s["validation_doc"]) >= 1,
+        lambda s: (
+            bool(s.get("task"))
+            or _num_chunks(s["corpus"], s["chunk_len"], s["validation_doc"]) >= 1
+        ),
         True,
     ),
 )

@@ -121,8 +121,9 @@ def shardings_for(tree: Any, mesh: Mesh) -> Any:
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Token batches ``[batch, seq + 1]`` are split over ``data`` along the batch."""
-    return NamedSharding(mesh, PartitionSpec("data", None))
+    """Batches (every leaf: token batches ``[batch, seq + 1]``, a task's arrays) are split
+    over ``data`` along their leading (batch) axis."""
+    return NamedSharding(mesh, PartitionSpec("data"))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

@@ -34,7 +34,6 @@ from dipsjax.learner.step import (
     InnerStep,
     bits_per_byte,
     params_to_dict,
-    tokens_in,
 )
 from dipsjax.model.configs import ModelConfig
 
@@ -101,20 +100,20 @@ def evaluate(
     *,
     bytes_per_token: float = 1.0,
 ) -> EvalResult:
-    """Mean next-token cross-entropy over all target tokens of ``batches``, and bits/byte.
-
-    ``loss = sum nats / sum tokens``; ``bits_per_byte = loss / (ln 2 * bytes_per_token)``
-    (``= loss / ln 2`` for byte-level tokens).
+    """The task's mean loss over ``batches``, each weighted by what it counts (tokens), and
+    bits per byte: ``loss = sum_b loss_b * n_b / sum_b n_b`` (for a language model, the mean
+    next-token cross-entropy over every target); ``bits_per_byte = loss / (ln 2 *
+    bytes_per_token)`` (``= loss / ln 2`` for byte-level tokens).
     """
-    total = None
+    total = 0.0
     tokens = 0
     for batch in batches:
-        tokens += tokens_in(batch)
-        nats, _ = inner.eval_sums(params, inner.put_batch(batch))
-        total = nats if total is None else total + nats
+        n = inner.tokens_in(batch)
+        tokens += n
+        total += float(inner.eval_loss(params, inner.put_batch(batch))) * n
     if tokens == 0:
         raise ValueError("evaluate: no batches given")
-    loss = float(total) / tokens
+    loss = total / tokens
     return EvalResult(loss, bits_per_byte(loss, bytes_per_token=bytes_per_token), tokens)
 
 
@@ -134,8 +133,8 @@ class Learner:
 
     def __init__(
         self,
-        config: ModelConfig,
-        optimizer: InnerOptimizerConfig | None = None,
+        config: ModelConfig | Any,
+        optimizer: InnerOptimizerConfig | Any = None,
         *,
         mesh: Mesh | None,
         learner_id: Hashable,
@@ -148,8 +147,10 @@ class Learner:
         """Builds the partition's inner step and its starting state.
 
         Args:
-          config: model configuration.
-          optimizer: inner AdamW settings (paper defaults if ``None``).
+          config: what is trained: a LLaMA model configuration, or a
+            :class:`dipsjax.task.Task` (its model, loss and batches).
+          optimizer: inner AdamW settings, or an optax transform (``None``: the task's
+            own, else the paper's AdamW defaults).
           mesh: the partition mesh (:func:`~dipsjax.learner.make_partition_mesh`), or
             ``None`` for an unsharded single-device learner.
           learner_id: the name under which contributions are reported.
@@ -258,7 +259,7 @@ class Learner:
                 batch = next(iterator)
             except StopIteration:
                 break
-            tokens += tokens_in(batch)
+            tokens += self.inner.tokens_in(batch)
             self._params, self._opt_state, metrics = self.inner.step(
                 self._params, self._opt_state, self.inner.put_batch(batch)
             )

@@ -36,9 +36,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from dipsjax.inner import InnerOptimizerConfig
 from dipsjax.learner.mesh import batch_sharding, put_host, replicated, shardings_for
 from dipsjax.model.configs import ModelConfig
-from dipsjax.model.llama import Llama, abstract_model
+from dipsjax.model.llama import Llama
+from dipsjax.task import activation_sharding, activations_sharded
 
 PyTree = Any
+
 
 def learning_rate_schedule(config: InnerOptimizerConfig) -> optax.Schedule:
     """Linear warmup to the peak, then constant, cosine or linear decay to ``end_lr_ratio``."""
@@ -154,42 +156,25 @@ def params_from_dict(template: nnx.State, tree: Mapping[str, Any]) -> nnx.State:
     return out
 
 
-def make_logits_fn(graphdef: nnx.GraphDef, *, activation_sharding: Any = None):
-    """``logits(params, inputs)`` of the merged model (float32)."""
-
-    def logits_fn(params: nnx.State, inputs: jax.Array) -> jax.Array:
-        return nnx.merge(graphdef, params)(inputs, activation_sharding=activation_sharding)
-
-    return logits_fn
-
-
-def make_loss_fn(graphdef: nnx.GraphDef, *, activation_sharding: Any = None):
-    """``loss(params, batch) -> mean cross-entropy`` (nats/token) of the merged model."""
-    logits_fn = make_logits_fn(graphdef, activation_sharding=activation_sharding)
-
-    def loss_fn(params: nnx.State, batch: jax.Array) -> jax.Array:
-        inputs, targets = split_batch(batch)
-        return jnp.mean(cross_entropy(logits_fn(params, inputs), targets))
-
-    return loss_fn
+def lm_loss(model: Any, batch: jax.Array) -> jax.Array:
+    """The language model's loss: mean next-token cross-entropy (nats/token) of a token
+    batch ``[batch, seq + 1]``, its activations constrained to the partition's
+    :func:`~dipsjax.task.activation_sharding`."""
+    inputs, targets = split_batch(batch)
+    return jnp.mean(
+        cross_entropy(model(inputs, activation_sharding=activation_sharding()), targets)
+    )
 
 
-def make_train_step(
-    graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, activation_sharding: Any = None
-):
-    """The pure inner step ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+@functools.cache
+def lm_model(config: ModelConfig) -> Any:
+    """The LLaMA factory ``model(rngs)`` of ``config`` (one object per configuration: the
+    compiled inner steps are shared by every learner of equal configuration)."""
 
-    ``metrics = {"loss": L(theta_t; x_t), "grad_norm": ||grad||_2 before clipping}``.
-    """
-    loss_fn = make_loss_fn(graphdef, activation_sharding=activation_sharding)
+    def model(rngs: nnx.Rngs) -> Llama:
+        return Llama(config, rngs=rngs)
 
-    def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
-
-    return train_step
+    return model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,39 +188,66 @@ class _InnerFunctions:
     activation_sharding: Any
     step: Any
     loss_and_grads: Any
-    eval_sums: Any
+    eval_loss: Any
     init_opt_state: Any
     init_params: Any
     copy: Any
 
 
+def _split_params(model: Any, what: str) -> tuple[nnx.GraphDef, nnx.State]:
+    """``nnx.split(model, nnx.Param)``; a clear error for a model with other state."""
+    _, _, *rest = nnx.split(model, nnx.Param, ...)
+    others = [x for r in rest for x in jax.tree.leaves(r)]
+    if others:
+        raise ValueError(
+            f"{what}: the model holds state other than nnx.Param ({len(others)} leaves, e.g. "
+            f"{jax.tree.structure(rest)}); dipsjax trains, syncs and exports nnx.Param leaves "
+            "only: build it without dropout RNGs or batch statistics"
+        )
+    return nnx.split(model, nnx.Param)
+
+
 @functools.lru_cache(maxsize=64)
 def _inner_functions(
-    config: ModelConfig, optimizer: InnerOptimizerConfig, mesh: Mesh | None, donate: bool
+    factory: Any,
+    loss: Any,
+    optimizer: InnerOptimizerConfig | optax.GradientTransformation,
+    mesh: Mesh | None,
+    donate: bool,
 ) -> _InnerFunctions:
-    """Builds (once per configuration, optimizer and mesh) the jitted inner functions.
+    """Builds (once per model factory, loss, optimizer and mesh) the jitted inner functions.
 
     Cached so that learners of one configuration on equal meshes (e.g. the simulator's many
     unsharded learners) share compiled executables; ``jax.jit`` functions are thread-safe.
     """
-    tx = make_inner_optimizer(optimizer)
-    graphdef, abstract_params = nnx.split(abstract_model(config), nnx.Param)
+    if isinstance(optimizer, InnerOptimizerConfig):
+        tx = make_inner_optimizer(optimizer)
+    else:
+        tx = optimizer
+    graphdef, abstract_params = _split_params(
+        nnx.eval_shape(lambda: factory(nnx.Rngs(0))), "the task's model"
+    )
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    act = None if mesh is None else NamedSharding(mesh, PartitionSpec("data", None, None))
-    train_step = make_train_step(graphdef, tx, activation_sharding=act)
-    loss_fn = make_loss_fn(graphdef, activation_sharding=act)
-    logits_fn = make_logits_fn(graphdef, activation_sharding=act)
+    act = None if mesh is None else NamedSharding(mesh, PartitionSpec("data"))
+
+    def loss_fn(params, batch):
+        with activations_sharded(act):
+            return loss(nnx.merge(graphdef, params), batch)
+
+    def train_step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return params, opt_state, {"loss": value, "grad_norm": optax.tree.norm(grads)}
 
     def init_params(seed):
-        return nnx.split(Llama(config, rngs=nnx.Rngs(jax.random.key(seed))), nnx.Param)[1]
+        return nnx.split(factory(nnx.Rngs(jax.random.key(seed))), nnx.Param)[1]
 
     def loss_and_grads(params, batch):
         return jax.value_and_grad(loss_fn)(params, batch)
 
-    def eval_sums(params, batch):
-        inputs, targets = split_batch(batch)
-        nats = cross_entropy(logits_fn(params, inputs), targets)
-        return jnp.sum(nats), jnp.asarray(nats.size, jnp.int32)
+    def eval_loss(params, batch):
+        return jnp.asarray(loss_fn(params, batch), jnp.float32)
 
     def copy(tree):
         return jax.tree.map(jnp.copy, tree)
@@ -252,7 +264,7 @@ def _inner_functions(
             activation_sharding=None,
             step=jax.jit(train_step, donate_argnums=donated),
             loss_and_grads=jax.jit(loss_and_grads),
-            eval_sums=jax.jit(eval_sums),
+            eval_loss=jax.jit(eval_loss),
             init_opt_state=jax.jit(tx.init),
             init_params=jax.jit(init_params),
             copy=jax.jit(copy),
@@ -276,7 +288,7 @@ def _inner_functions(
             donate_argnums=donated,
         ),
         loss_and_grads=jax.jit(loss_and_grads, in_shardings=(ps, bs), out_shardings=(rep, ps)),
-        eval_sums=jax.jit(eval_sums, in_shardings=(ps, bs), out_shardings=(rep, rep)),
+        eval_loss=jax.jit(eval_loss, in_shardings=(ps, bs), out_shardings=rep),
         init_opt_state=jax.jit(tx.init, in_shardings=(ps,), out_shardings=os_),
         init_params=jax.jit(init_params, out_shardings=ps),
         copy=jax.jit(copy, in_shardings=(ps,), out_shardings=ps),
@@ -287,16 +299,17 @@ class InnerStep:
     """The jitted inner-loop functions of one partition (or unsharded, ``mesh=None``).
 
     Attributes:
-      config: the model configuration.
+      config: what is trained: a LLaMA :class:`~dipsjax.model.configs.ModelConfig` (the
+        built-in language model) or a :class:`dipsjax.task.Task` (its model and loss).
       mesh: the partition mesh, or ``None`` for the single-device reference.
       graphdef: the static NNX graph definition.
       abstract_params: ``nnx.State`` of ``ShapeDtypeStruct`` with partition metadata.
-      tx: the inner optimizer (:func:`make_inner_optimizer`).
+      tx: the inner optimizer (:func:`make_inner_optimizer`, or the task's own).
       param_shardings, opt_shardings, batch_sharding: ``NamedSharding`` trees (``None``
         without a mesh).
 
     Functions (all jitted, all pure): :meth:`step`, :meth:`loss_and_grads`,
-    :meth:`eval_sums`, :meth:`init_params`, :meth:`init_opt_state`.
+    :meth:`eval_loss`, :meth:`init_params`, :meth:`init_opt_state`.
 
     Example::
 
@@ -309,16 +322,23 @@ class InnerStep:
 
     def __init__(
         self,
-        config: ModelConfig,
-        optimizer: InnerOptimizerConfig | None = None,
+        config: ModelConfig | Any,
+        optimizer: InnerOptimizerConfig | optax.GradientTransformation | None = None,
         *,
         mesh: Mesh | None,
         donate: bool = True,
     ):
         self.config = config
+        self.is_lm = isinstance(config, ModelConfig)
+        if self.is_lm:
+            factory, loss = lm_model(config), lm_loss
+        else:
+            factory, loss = config.model, config.loss
+            if optimizer is None:
+                optimizer = config.inner_optimizer
         self.optimizer = optimizer or InnerOptimizerConfig()
         self.mesh = mesh
-        fns = _inner_functions(config, self.optimizer, mesh, donate)
+        fns = _inner_functions(factory, loss, self.optimizer, mesh, donate)
         self.tx = fns.tx
         self.graphdef, self.abstract_params = fns.graphdef, fns.abstract_params
         self.param_shardings, self.opt_shardings = fns.param_shardings, fns.opt_shardings
@@ -326,14 +346,18 @@ class InnerStep:
         self.activation_sharding = fns.activation_sharding
         self.step = fns.step
         self.loss_and_grads = fns.loss_and_grads
-        self.eval_sums = fns.eval_sums
+        self.eval_loss = fns.eval_loss
         self.init_opt_state = fns.init_opt_state
         self._init_params = fns.init_params
         self._copy = fns.copy
         self._param_dtypes = jax.tree.map(lambda x: x.dtype, self.abstract_params)
 
+    def tokens_in(self, batch: Any) -> int:
+        """What ``batch`` counts in the books (a token batch: ``batch * seq_len``)."""
+        return tokens_in(batch) if self.is_lm else self.config.tokens_in(batch)
+
     def init_params(self, seed: int = 0) -> nnx.State:
-        """Freshly initialised parameters (``Llama(config, rngs=nnx.Rngs(seed))``), sharded."""
+        """Freshly initialised parameters (``model(nnx.Rngs(seed))``), sharded."""
         return self._init_params(jnp.asarray(seed, jnp.uint32))
 
     def copy_params(self, params: nnx.State) -> nnx.State:
@@ -359,15 +383,38 @@ class InnerStep:
             return jax.tree.map(lambda x, dt: put(x, dt, device), tree, self._param_dtypes)
         return jax.tree.map(put, tree, self._param_dtypes, self.param_shardings)
 
-    def put_batch(self, batch: Any) -> jax.Array:
-        """A host batch ``[batch, seq + 1]`` as int32 on the partition (split over ``data``)."""
-        check_batch(batch)
-        arr = np.asarray(batch, dtype=np.int32) if not isinstance(batch, jax.Array) else batch
-        if self.batch_sharding is None:
-            return jax.device_put(arr, jax.local_devices()[0])
-        if isinstance(arr, jax.Array):
-            return jax.device_put(arr, self.batch_sharding)
-        return put_host(arr, self.batch_sharding)
+    def put_batch(self, batch: Any) -> Any:
+        """A host batch on the partition, every leaf split over ``data`` along its leading
+        axis (a token batch ``[batch, seq + 1]`` as int32)."""
+        if self.is_lm:
+            check_batch(batch)
+            if not isinstance(batch, jax.Array):
+                batch = np.asarray(batch, dtype=np.int32)
+        else:
+            check_tree_batch(batch)
+        where = jax.local_devices()[0] if self.batch_sharding is None else self.batch_sharding
+
+        def put(x: Any) -> jax.Array:
+            if isinstance(x, jax.Array) or self.batch_sharding is None:
+                return jax.device_put(x, where)
+            return put_host(np.asarray(x), where)
+
+        return jax.tree.map(put, batch)
+
+
+def check_tree_batch(batch: Any) -> int:
+    """Checks that a task's batch is a pytree of arrays sharing a leading (batch) axis;
+    returns its size."""
+    leaves = jax.tree.leaves(batch)
+    if not leaves:
+        raise ValueError("a batch must be a pytree of arrays; got one with no leaves")
+    sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+    if None in sizes or len(sizes) != 1:
+        raise ValueError(
+            "a batch's leaves must share their leading (batch) axis; got shapes "
+            f"{[np.shape(x) for x in leaves]}"
+        )
+    return sizes.pop()
 
 
 def bits_per_byte(loss_nats: float, *, bytes_per_token: float = 1.0) -> float:

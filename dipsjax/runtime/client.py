@@ -244,9 +244,9 @@ def model_shapes(spec: RunSpec) -> dict[tuple[str, ...], tuple[tuple[int, ...], 
     abstract parameters: nothing is allocated, so it is cheap for any model size."""
     from dipsjax import outer
     from dipsjax.learner.step import InnerStep, params_to_dict
-    from dipsjax.model.configs import get_config
+    from dipsjax.task import load_task
 
-    abstract = params_to_dict(InnerStep(get_config(spec.sim.model), mesh=None).abstract_params)
+    abstract = params_to_dict(InnerStep(load_task(spec.sim), mesh=None).abstract_params)
     return {p: (tuple(x.shape), x.dtype) for p, x in outer.flatten(abstract).items()}
 
 
@@ -256,13 +256,14 @@ def model_layout(spec: RunSpec) -> tuple[list[tuple[str, ...]], dict[str, Any]]:
     import jax
 
     from dipsjax import outer
-    from dipsjax.learner import InnerOptimizerConfig, Learner
-    from dipsjax.model.configs import get_config
+    from dipsjax.learner import Learner
+    from dipsjax.task import load_task
 
     cfg = spec.sim
+    task = load_task(cfg)
     learner = Learner(
-        get_config(cfg.model),
-        InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
+        task,
+        task.inner_optimizer or cfg.inner_optimizer(),
         mesh=None,
         learner_id="init",
         seed=cfg.seed,

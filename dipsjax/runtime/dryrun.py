@@ -39,7 +39,6 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
     """The job's plan as data (what :func:`format_plan` prints)."""
     from dipsjax import outer
     from dipsjax.learner.step import InnerStep, params_to_dict
-    from dipsjax.model.configs import get_config
     from dipsjax.syncer.schedule import (
         assign_layers,
         follower_loads,
@@ -48,8 +47,9 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
         placement_scores,
         transfer_time,
     )
+    from dipsjax.task import load_task
 
-    abstract = params_to_dict(InnerStep(get_config(sim.model), mesh=None).abstract_params)
+    abstract = params_to_dict(InnerStep(load_task(sim), mesh=None).abstract_params)
     sizes = [int(np.prod(x.shape)) for x in outer.flatten(abstract).values()]
     n = sum(sizes)
     followers = min(sim.followers, len(sizes))
@@ -90,7 +90,8 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
         "learners": sim.learners,
         "followers": followers,
         "wire": sim.wire,
-        "tokens_per_push": sim.inner_steps * sim.batch_size * sim.seq_len,
+        "tokens_per_push": sim.inner_steps
+        * (load_task(sim).source.tokens_per_batch if sim.task else sim.batch_size * sim.seq_len),
         "roles": roles,
         "layer_owner": list(owner),
         "follower_fp32_bytes": list(loads),

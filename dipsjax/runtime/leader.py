@@ -201,14 +201,14 @@ class LeaderNode:
                 fingerprint=spec.fingerprint,
                 learners=sim.learners,  # learner ids 0 .. learners - 1
                 max_push_steps=sim.inner_steps,  # a round is at most inner_steps steps
-                step_tokens=sim.batch_size * sim.seq_len,
+                step_tokens=spec.batch_tokens,
             )
             leader = Leader(
                 config,
                 method.grace,
                 data=new_ledger(
                     spec.num_chunks,
-                    batches_per_chunk=spec.sim.batches_per_chunk,
+                    batches_per_chunk=spec.chunk_batches,
                     seed=spec.sim.seed,
                 ),
             )

@@ -65,11 +65,9 @@ import jax
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
-from dipsjax.data import ByteTokenizer, train_chunks
 from dipsjax.data.pipeline import BatchStream, StreamPosition
-from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
+from dipsjax.learner import Learner, make_partition_mesh
 from dipsjax.learner.contribution import push_meta
-from dipsjax.model.configs import get_config
 from dipsjax.runtime import permissions
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
@@ -78,6 +76,7 @@ from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State
+from dipsjax.task import load_task
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
 EVICTED = m.ExitCode.EVICTED  # exit code (EX_TEMPFAIL): start me again as a new incarnation
@@ -140,9 +139,10 @@ def partition_compute(spec: RunSpec, j: int) -> tuple[Compute, dict]:
     (every process of the partition calls this, in step)."""
     partition = Partition.from_env()
     cfg = spec.sim
+    task = load_task(cfg)
     learner = Learner(
-        get_config(cfg.model),
-        InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0),
+        task,
+        task.inner_optimizer or cfg.inner_optimizer(),
         mesh=partition_mesh(),
         learner_id=j,
         seed=cfg.seed,
@@ -163,15 +163,8 @@ class LearnerNode:
         flat = outer.flatten(params)
         self.paths = list(flat)
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
-        chunks = train_chunks(
-            cfg.corpus,
-            chunk_len=cfg.chunk_len,
-            tokenizer=ByteTokenizer(),
-            validation_doc=cfg.validation_doc,
-        )
-        self.stream = BatchStream(
-            chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=self.next_chunk
-        )
+        self.data = load_task(cfg).source
+        self.stream = BatchStream(self.data, source=self.next_chunk)
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
@@ -617,14 +610,7 @@ class LearnerNode:
             self.ckpt.drop_after(c.step)
             self.compute.call("set_opt_state", state)
             pos = StreamPosition.from_dict(meta["position"])
-            cfg = self.spec.sim
-            self.stream = BatchStream(
-                self.stream.chunks,
-                batch_size=cfg.batch_size,
-                seq_len=cfg.seq_len,
-                source=self.next_chunk,
-                position=pos,
-            )
+            self.stream = BatchStream(self.data, source=self.next_chunk, position=pos)
             # The piece it stopped in is read on from its position; the rest first.
             self.regrant = [
                 tuple(sp)
@@ -651,9 +637,8 @@ class LearnerNode:
         a version) on a round of zeros before joining, then puts the learner back as it
         was, so that compile time never counts as training time (the slowdown multiplies
         measured training time)."""
-        cfg = self.spec.sim
         # The round's shapes: a shorter round would compile another program.
-        self.compute.call("warm_up", (cfg.batch_size, cfg.seq_len + 1), cfg.inner_steps)
+        self.compute.call("warm_up", self.data.batch(0, 0), self.spec.sim.inner_steps)
 
     def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
@@ -697,9 +682,7 @@ class LearnerNode:
         self._barrier("solo")
         cfg = self.spec.sim
         order = [(self.j * 97 + i) % self.spec.num_chunks for i in range(self.spec.num_chunks)]
-        self.stream = BatchStream(
-            self.stream.chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len, source=order
-        )
+        self.stream = BatchStream(self.data, source=order)
         speed = cfg.speeds[self.j] if cfg.speeds else 1.0
         for _ in range(rounds):
             data = self.stream.take_round(cfg.inner_steps)

@@ -166,11 +166,11 @@ class Compute:
     def _set_opt_state(self, state: Any) -> None:
         self.learner.set_opt_state(state)
 
-    def _warm_up(self, batch_shape: tuple[int, int], steps: int) -> None:
-        """Compiles a round, its pseudo-gradient and taking a version on zeros, then puts
-        the learner back as it was."""
+    def _warm_up(self, sample: Any, steps: int) -> None:
+        """Compiles a round, its pseudo-gradient and taking a version on zeros shaped like
+        ``sample`` (a batch of the task), then puts the learner back as it was."""
         init = self._params()
-        batch = np.zeros(batch_shape, np.int32)
+        batch = jax.tree.map(np.zeros_like, sample)
         for _ in range(2):  # the second from pulled parameters, as every real round starts
             contrib = self.learner.run_round([batch] * steps, num_steps=steps, reference="start")
             delta = delta_to_send(self.reference, contrib, self.learner, init)

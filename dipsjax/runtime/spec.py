@@ -41,7 +41,9 @@ class RunSpec:
         learner that joins with another (empty: not checked).
       run_dir: where every role writes its logs, tape and checkpoints.
       layer_owner: follower of each tensor (flattened parameter order).
-      num_chunks: chunks of the training corpus (the leader's chunk ledger).
+      num_chunks: chunks of the task's training data (the leader's chunk ledger).
+      batches_per_chunk, step_tokens: batches of one chunk, and what one batch counts in
+        the books, from the task's data source (0: the language model's, from ``sim``).
       heartbeat_interval: seconds between heartbeats of learners and followers; the leader
         counts one silent for ``3 * heartbeat_interval`` as lost (the runtime's leader uses
         this, not ``sim.heartbeat_interval``, which is the simulator's).
@@ -118,6 +120,8 @@ class RunSpec:
     bind: str = ""
     tls: bool = True
     fingerprint: str = ""
+    batches_per_chunk: int = 0
+    step_tokens: int = 0
     peer_rpc_cap: int = 0
     dataplane_max_connections: int = 256
     dataplane_max_per_address: int = 64
@@ -146,6 +150,8 @@ class RunSpec:
                 f"a follower index in [0, {n}) per tensor",
             ),
             (self.num_chunks >= 0, "num_chunks", ">= 0"),
+            (self.batches_per_chunk >= 0, "batches_per_chunk", ">= 0"),
+            (self.step_tokens >= 0, "step_tokens", ">= 0"),
             (self.heartbeat_interval > 0, "heartbeat_interval", "> 0 seconds"),
             (self.max_restarts >= 0, "max_restarts", ">= 0"),
             (self.restart_backoff >= 0, "restart_backoff", ">= 0 seconds"),
@@ -223,6 +229,16 @@ class RunSpec:
             "first_frame_timeout": self.dataplane_first_frame_timeout,
             "idle_timeout": self.dataplane_idle_timeout,
         }
+
+    @property
+    def chunk_batches(self) -> int:
+        """Batches of one chunk of the task's data (the ledger's unit)."""
+        return self.batches_per_chunk or self.sim.batches_per_chunk
+
+    @property
+    def batch_tokens(self) -> int:
+        """What one inner step's batch counts in the books (the task's ``tokens_per_batch``)."""
+        return self.step_tokens or self.sim.batch_size * self.sim.seq_len
 
     def method_settings(self) -> Any:
         """The method's settings for this run: the experiment's, with the runtime's

@@ -179,7 +179,7 @@ class StandIn:
         if isinstance(c, m.Train):
             time.sleep(train_seconds + c.wait)
             sim = self.spec.sim
-            tokens = sim.inner_steps * sim.batch_size * sim.seq_len
+            tokens = sim.inner_steps * self.spec.batch_tokens
             meta = m.PushMeta(tokens, sim.inner_steps, self.version, train_seconds=1.0)
             return p.on_trained(meta, time.monotonic())
         if isinstance(c, m.Push):

@@ -92,7 +92,7 @@ def simulate_decentralized(
                 ledger.settle(str(j), [b.piece])
         if not batches:
             return
-        count["consumed"] += len(batches) * cfg.batch_size * cfg.seq_len  # batches drawn
+        count["consumed"] += len(batches) * world.source.tokens_per_batch  # batches drawn
         contrib = learners[j].run_round(batches, num_steps=len(batches), reference="start")
         training[j] = contrib.tokens
         dt = world.train_time(j, contrib.steps)

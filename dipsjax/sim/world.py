@@ -1,4 +1,5 @@
-"""The simulated world: model, data, evaluation, and the timing model (speeds and links).
+"""The simulated world: the task (model, data, evaluation: :mod:`dipsjax.task`), and the
+timing model (speeds and links).
 
 Built once per experiment and shared by every method, so that methods compare on the same
 model, data and token budget. Timing:
@@ -20,13 +21,12 @@ from typing import Any
 import numpy as np
 
 from dipsjax import outer
-from dipsjax.data import ByteTokenizer, train_chunks, validation_data
 from dipsjax.data.pipeline import BatchStream, StreamPosition
-from dipsjax.learner import InnerOptimizerConfig, Learner
+from dipsjax.learner import Learner
 from dipsjax.learner.round import evaluate
-from dipsjax.model.configs import get_config
 from dipsjax.sim.config import WIRE_BYTES, SimConfig
 from dipsjax.syncer.schedule import assign_layers
+from dipsjax.task import load_task
 
 
 class World:
@@ -34,33 +34,12 @@ class World:
 
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
-        self.model_cfg = get_config(cfg.model)
-        self.tok = ByteTokenizer()
-        self.chunks = train_chunks(
-            cfg.corpus,
-            chunk_len=cfg.chunk_len,
-            tokenizer=self.tok,
-            validation_doc=cfg.validation_doc,
-        )
-        val = validation_data(cfg.corpus, tokenizer=self.tok, validation_doc=cfg.validation_doc)
-        n = cfg.eval_batches * cfg.batch_size * cfg.seq_len
-        rows = val.tokens[: n + 1]
-        if rows.shape[0] < n + 1:
-            raise ValueError(
-                f"the validation text has {val.tokens.shape[0]} tokens, fewer than the "
-                f"{n + 1} that eval_batches * batch_size * seq_len needs"
-            )
-        per = cfg.seq_len
-        self.eval_batches = [
-            np.stack(
-                [
-                    rows[(b * cfg.batch_size + i) * per : (b * cfg.batch_size + i + 1) * per + 1]
-                    for i in range(cfg.batch_size)
-                ]
-            ).astype(np.int32)
-            for b in range(cfg.eval_batches)
-        ]
-        self.inner_cfg = InnerOptimizerConfig(learning_rate=cfg.inner_lr, weight_decay=0.0)
+        self.task = load_task(cfg)
+        self.source = self.task.source
+        self.eval_batches = self.task.validation
+        if not self.eval_batches:
+            raise ValueError(f"task {self.task.name!r} has no validation batches")
+        self.inner_cfg = self.task.inner_optimizer or cfg.inner_optimizer()
         self.evaluator = self.learner("eval")
         self.init_params = self.evaluator.params_dict()
         self.rng = np.random.default_rng(cfg.seed)
@@ -84,7 +63,7 @@ class World:
     def learner(self, learner_id: Any) -> Learner:
         """A fresh learner (same initialisation for every learner, as after a first pull)."""
         return Learner(
-            self.model_cfg,
+            self.task,
             self.inner_cfg,
             mesh=None,
             learner_id=learner_id,
@@ -97,17 +76,13 @@ class World:
         from dipsjax.data import new_ledger
 
         return new_ledger(
-            len(self.chunks), batches_per_chunk=self.cfg.batches_per_chunk, seed=self.cfg.seed
+            self.source.num_chunks,
+            batches_per_chunk=self.source.batches_per_chunk,
+            seed=self.cfg.seed,
         )
 
     def stream(self, source: Any, position: StreamPosition | None = None) -> BatchStream:
-        return BatchStream(
-            self.chunks,
-            batch_size=self.cfg.batch_size,
-            seq_len=self.cfg.seq_len,
-            source=source,
-            position=position,
-        )
+        return BatchStream(self.source, source=source, position=position)
 
     def method(self) -> Any:
         """The experiment's method parts from the registry, sharded over these followers."""
@@ -133,13 +108,13 @@ class World:
     @property
     def ideal_tokens_per_second(self) -> float:
         """Aggregate throughput if every learner trained alone with no outer communication."""
-        per_step = self.cfg.batch_size * self.cfg.seq_len
+        per_step = self.source.tokens_per_batch
         return sum(per_step / (self.cfg.step_time * s) for s in self.speed)
 
     def evaluate(self, params: dict) -> tuple[float, float]:
         self.evaluator.pull(params, version=0)
         res = evaluate(self.evaluator.inner, self.evaluator.params, self.eval_batches)
-        return res.loss, res.bits_per_byte
+        return res.loss, self.task.bits_per_byte(res.loss)
 
     def train_time(self, j: int, steps: int) -> float:
         noise = (

@@ -148,7 +148,7 @@ def check(method, overlap, schedule, replay=True, **kw):
     )
     twice = {b: n for b, n in trained.items() if n > 1}
     assert not twice, f"{what}: batches (chunk, batch) trained twice: {twice}"
-    per_chunk = engine.world.chunks.shape[1] // (engine.cfg.batch_size * engine.cfg.seq_len)
+    per_chunk = engine.world.source.batches_per_chunk
     missing = [
         (c, b)
         for c in completed_chunks(ledger, 0)

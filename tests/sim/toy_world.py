@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from dipsjax.data.pipeline import chunk_tokens
+from dipsjax.data.pipeline import TokenChunks, chunk_tokens
 from dipsjax.learner.round import Contribution
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.world import World
@@ -114,6 +114,7 @@ class ToyWorld(World):
     def __init__(self, cfg: SimConfig, num_chunks: int = 400) -> None:
         self.cfg = cfg
         self.chunks = chunk_tokens(np.arange(num_chunks * cfg.chunk_len + 1), cfg.chunk_len)
+        self.source = TokenChunks(self.chunks, batch_size=cfg.batch_size, seq_len=cfg.seq_len)
         self.init_params = {k: np.full(s, 0.1, np.float32) for k, s in SHAPES.items()}
         self.rng = np.random.default_rng(cfg.seed)
         m = cfg.learners

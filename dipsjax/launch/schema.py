@@ -150,9 +150,36 @@ LEARNER = Int(0, MAX_LEARNERS - 1)
 TIME = Real(0, 1e9)
 GBPS = Real(0, 1e6, open_lo=True)
 
+IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]{0,255}:[A-Za-z_][\w.]{0,255}")
+FUNCTION = Rule(
+    "'' or an import path 'package.module:function'",
+    lambda v: isinstance(v, str) and (v == "" or IMPORT_PATH.fullmatch(v) is not None),
+)
+
+
+def _task_args_ok(v: Any) -> bool:
+    if isinstance(v, Mapping):
+        v = tuple(v.items())
+    return (
+        isinstance(v, (tuple, list))
+        and len(v) <= 256
+        and all(
+            isinstance(kv, (tuple, list)) and len(kv) == 2 and isinstance(kv[0], str) for kv in v
+        )
+    )
+
+
 #: Every :class:`SimConfig` field's rule (the ``sim`` block; ``sim.method`` per command).
 SIM: dict[str, Rule] = {
     "method": OneOf(sim_lib.METHODS),
+    "task": FUNCTION,
+    "task_args": Rule("a dict of keyword arguments for the task (at most 256)", _task_args_ok),
+    "inner_schedule": OneOf(("constant", "cosine", "linear")),
+    "inner_warmup": Int(0, 10**9),
+    "inner_decay_steps": Int(0, 10**9),
+    "inner_weight_decay": Real(0, 10),
+    "inner_clip": Optional(Real(0, 1e9, open_lo=True)),
+    "outer_optimizer": FUNCTION,
     "learners": Int(1, MAX_LEARNERS),
     "followers": Int(1, MAX_FOLLOWERS),
     "model": OneOf(CONFIG_NAMES),

@@ -163,8 +163,8 @@ class LearnerNode:
         flat = outer.flatten(params)
         self.paths = list(flat)
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
-        self.data = load_task(cfg).source
-        self.stream = BatchStream(self.data, source=self.next_chunk)
+        self.source = load_task(cfg).source
+        self.stream = BatchStream(self.source, source=self.next_chunk)
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
@@ -610,7 +610,7 @@ class LearnerNode:
             self.ckpt.drop_after(c.step)
             self.compute.call("set_opt_state", state)
             pos = StreamPosition.from_dict(meta["position"])
-            self.stream = BatchStream(self.data, source=self.next_chunk, position=pos)
+            self.stream = BatchStream(self.source, source=self.next_chunk, position=pos)
             # The piece it stopped in is read on from its position; the rest first.
             self.regrant = [
                 tuple(sp)
@@ -638,7 +638,7 @@ class LearnerNode:
         was, so that compile time never counts as training time (the slowdown multiplies
         measured training time)."""
         # The round's shapes: a shorter round would compile another program.
-        self.compute.call("warm_up", self.data.batch(0, 0), self.spec.sim.inner_steps)
+        self.compute.call("warm_up", self.source.batch(0, 0), self.spec.sim.inner_steps)
 
     def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
@@ -682,7 +682,7 @@ class LearnerNode:
         self._barrier("solo")
         cfg = self.spec.sim
         order = [(self.j * 97 + i) % self.spec.num_chunks for i in range(self.spec.num_chunks)]
-        self.stream = BatchStream(self.data, source=order)
+        self.stream = BatchStream(self.source, source=order)
         speed = cfg.speeds[self.j] if cfg.speeds else 1.0
         for _ in range(rounds):
             data = self.stream.take_round(cfg.inner_steps)

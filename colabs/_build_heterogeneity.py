@@ -25,7 +25,7 @@ The methods, all from the library's registry (`dipsjax.syncer.methods`, `dipsjax
 | `dips` | Di-PS: dynamic grace window, anomaly penalty, token weighting, global clipping, server reference |
 | `decoupled` | Decoupled DiLoCo: quorum K = 1 with a slack-bounded grace window, RDA merge |
 
-This notebook runs every method at each eta of `configs/sim_eta.py` (the experiment that
+This notebook runs every method at each eta of `dipsjax/configs/sim_eta.py` (the experiment that
 `dipsjax simulate sim_eta` runs) and compares validation loss against virtual wall time and
 against tokens, the time each method needs to reach a target loss, its final loss, and the
 share of learner capacity it leaves idle. At full settings it takes a few minutes on a

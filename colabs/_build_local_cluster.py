@@ -39,7 +39,7 @@ from dipsjax.syncer.tape import EventTape
 TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
 OUT = pathlib.Path(os.environ.get("DIPSJAX_NOTEBOOK_OUT", "runs/colabs")) / "local_cluster"
 RUN = OUT / time.strftime("%Y%m%d-%H%M%S")
-ARGS = ["--arg", "ci"] if TINY else []   # configs/quickstart.py: ci is 4 rounds, else 24
+ARGS = ["--arg", "ci"] if TINY else []   # the quickstart config: ci is 4 rounds, else 24
 # Through dipsjax.launch._child, so the job ends with this kernel should the kernel die.
 cmd = [sys.executable, "-m", "dipsjax.launch._child", str(os.getpid()),
        "dipsjax.cli", "run", "quickstart", *ARGS, "--out", str(RUN)]

@@ -9,6 +9,7 @@ Packages, top to bottom of the layering in DESIGN.md:
   chunks, chunk ledger, batch streams.
 * :mod:`dipsjax.outer`, :mod:`dipsjax.model` -- outer optimizers as optax transformations
   (Di-PS, Decoupled DiLoCo, DiLoCo) with wire codecs; the NNX decoder and its configs.
+* :mod:`dipsjax.configs` -- the shipped run and experiment configs (``dipsjax run NAME``).
 * :mod:`dipsjax.rules` -- the round's decision rules (anomaly score, weights, clip factor)
   written once over an array module: NumPy in the leader, ``jax.numpy`` in the transforms.
 """

@@ -1,4 +1,4 @@
-"""Launches a dipsjax run: ``python launch/dips.py --config configs/quickstart.py
+"""Launches a dipsjax run: ``python launch/dips.py --config quickstart
 --executor local|slurm|kubernetes [--arg ci] [--set FIELD=VALUE ...]``.
 
 A thin script over the launch API (:mod:`dipsjax.launch`): the same as ``dipsjax run

@@ -1,19 +1,40 @@
 #!/usr/bin/env bash
-# Sets up dipsjax on a fresh machine: a virtual environment in .venv/ (Python 3.12),
-# the package with its test tools, and the text corpus. Safe to run again: it only
-# reinstalls when pyproject.toml changed.
+# Sets up dipsjax on a fresh machine: a virtual environment in .venv/ (Python 3.12 when
+# there is one, else the newest Python >= 3.12 found; or PYTHON=/path/to/python), the
+# package with every extra and its test tools, and the text corpus in data/. Safe to run
+# again: it only reinstalls when pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A Python that runs and is >= 3.12 (with venv).
+usable() {
+  command -v "$1" >/dev/null 2>&1 &&
+    "$1" -c 'import sys, venv; assert sys.version_info >= (3, 12)' 2>/dev/null
+}
+
 find_python() {
-  if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
-  for cand in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 \
-              /usr/local/bin/python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      command -v "$cand"; return
-    fi
+  if [ -n "${PYTHON:-}" ]; then
+    if usable "$PYTHON"; then command -v "$PYTHON"; return; fi
+    echo "setup: PYTHON=$PYTHON is not a working Python >= 3.12" >&2
+    exit 1
+  fi
+  # 3.12 first (what the project is tested with), then newer ones, newest first.
+  local cand minor
+  for cand in python3.12 /usr/bin/python3.12 /usr/local/bin/python3.12 \
+              /root/.pyenv/versions/3.12*/bin/python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    if usable "$cand"; then command -v "$cand"; return; fi
   done
-  echo "setup: no working python3.12 found; install Python 3.12 or set PYTHON=/path/to/python3.12" >&2
+  for minor in 20 19 18 17 16 15 14 13; do
+    for cand in "python3.$minor" "/usr/bin/python3.$minor" "/usr/local/bin/python3.$minor" \
+                /root/.pyenv/versions/3."$minor"*/bin/python3."$minor" \
+                "$HOME"/.pyenv/versions/3."$minor"*/bin/python3."$minor"; do
+      if usable "$cand"; then command -v "$cand"; return; fi
+    done
+  done
+  for cand in python3 python; do
+    if usable "$cand"; then command -v "$cand"; return; fi
+  done
+  echo "setup: no working Python >= 3.12 found; install one or set PYTHON=/path/to/python3" >&2
   exit 1
 }
 
@@ -25,9 +46,9 @@ fi
 
 stamp=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat .venv/.dipsjax-stamp 2>/dev/null)" != "$stamp" ]; then
-  echo "setup: installing dipsjax and its dependencies into .venv"
+  echo "setup: installing dipsjax, every extra and the test tools into .venv"
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[all,dev]'
   echo "$stamp" > .venv/.dipsjax-stamp
 fi
 
@@ -40,7 +61,10 @@ else
   echo "setup: not installing SLURM (needs root and apt-get); tests/launch/test_slurm.py will skip"
 fi
 
+# The corpus goes to data/corpus here ($DIPSJAX_DATA if set): in a clone that has data/,
+# dipsjax reads it from there (dipsjax.data.fetch.data_dir).
 if [ -f dipsjax/data/fetch.py ]; then
+  mkdir -p data
   .venv/bin/python -m dipsjax.data.fetch
 fi
 echo "setup: ready (.venv/bin/dipsjax)"

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PATHS = ["dipsjax", "tests", "benchmarks", "configs", "launch", "colabs"]
+PATHS = ["dipsjax", "tests", "benchmarks", "launch", "colabs"]
 
 
 def _ruff(*args):

@@ -16,7 +16,8 @@ Typical learner-side use::
     val = data.validation_data("austen")           # held-out novel: Persuasion
     for eb in val.batches(batch_size=8, seq_len=256): ...   # eb.tokens, eb.mask
 
-The corpora are installed by ``python -m dipsjax.data.fetch`` (run by ``scripts/setup.sh``).
+The corpora are installed by ``python -m dipsjax.data.fetch`` (run by ``scripts/setup.sh``)
+into the data directory (:func:`dipsjax.data.fetch.data_dir`).
 The package imports only numpy (``rdata`` is used by the fetch step alone).
 
 The names below load their submodule on first use (PEP 562), so that

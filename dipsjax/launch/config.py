@@ -1,5 +1,6 @@
-"""Run configs: ``configs/NAME.py`` with ``get_config(arg)`` (ml_collections), overridden
-from the command line, validated whole before anything is written
+"""Run configs: a shipped config by name (``quickstart``: ``dipsjax/configs/NAME.py``) or a
+``.py`` file of your own, with ``get_config(arg)`` (ml_collections), overridden from the
+command line, validated whole before anything is written
 (:mod:`dipsjax.launch.schema`), errors naming the field.
 
 A run config has ``name``, ``sim`` (the fields of :class:`~dipsjax.sim.config.SimConfig`),
@@ -109,7 +110,8 @@ def spec_settings(cfg: Any) -> dict[str, Any]:
 
 
 def load(name: str, arg: str | None = None, overrides: list[str] | None = None) -> Any:
-    """``configs/NAME.py``'s ``get_config(arg)`` with ``overrides`` applied."""
+    """The config ``name`` (a shipped config's name or a path to a ``.py`` file, see
+    :func:`dipsjax.configs.path`): its ``get_config(arg)`` with ``overrides`` applied."""
     from dipsjax.sim.experiments import load_experiment
 
     return apply_overrides(load_experiment(name, arg), list(overrides or []))

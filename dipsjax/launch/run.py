@@ -17,7 +17,8 @@ learners: inner state and data position each round; the leader: its metadata aft
 event). ``dipsjax run --resume RUN_DIR`` restarts a stopped run's processes from their
 newest checkpoints, on fresh ports, and continues to the budget.
 
-Run: ``.venv/bin/dipsjax run`` (``configs/quickstart.py``; ``--method``, ``--arg ci``).
+Run: ``dipsjax run`` (the shipped ``quickstart`` config; ``--method``, ``--arg ci``); the
+run folder is ``./runs/NAME-TIME`` in the current folder unless ``--out`` says otherwise.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, write_json
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.tape import EventTape, phase_seconds
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -383,17 +382,19 @@ def resumable(run_dir: Path) -> RunSpec:
 def launch(
     spec: RunSpec,
     *,
-    timeout: float = 1800.0,
+    timeout: float | None = None,
     progress: bool = True,
     evaluate: bool = True,
     resume: bool = False,
     experiment: Experiment | None = None,
 ) -> dict[str, Any]:
     """Runs the job described by ``spec`` to its token budget with the local executor;
-    returns the tape's summary. ``experiment``: its jobs (default: ``role_jobs(spec)``, one
-    CPU device a learner). With ``resume``, every process restarts from its newest
-    checkpoint in ``spec.run_dir`` (followers from the leader's version), once the folder
-    is as private as a new run's (one an older version wrote may be ``0644``/``0755``)."""
+    returns the tape's summary. ``timeout``: seconds after which it stops every process and
+    raises :class:`TimeoutError` (default: no limit). ``experiment``: its jobs (default:
+    ``role_jobs(spec)``, one CPU device a learner). With ``resume``, every process restarts
+    from its newest checkpoint in ``spec.run_dir`` (followers from the leader's version),
+    once the folder is as private as a new run's (one an older version wrote may be
+    ``0644``/``0755``)."""
     if resume:
         group = permissions.group_access()
         if n := permissions.tighten(spec.run_dir, group):
@@ -408,7 +409,7 @@ def launch(
 
 def _launch(
     spec: RunSpec,
-    timeout: float,
+    timeout: float | None,
     progress: bool,
     evaluate: bool,
     resume: bool,
@@ -462,7 +463,7 @@ def _launch(
             healer.check()  # restarts any role that exited while the job runs
             if procs.procs["leader"].poll() == 0 and healer.job_stopped():
                 break  # the leader ends (0) once the job stopped
-            if time.monotonic() - t0 > timeout:
+            if timeout is not None and time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")
             if progress and time.monotonic() - last > 5 and status_path.exists():
                 last = time.monotonic()
@@ -579,7 +580,15 @@ def main(argv: list[str] | None = None) -> int:
         help="override a config field, e.g. --set sim.learners=2 --set "
         "launch.learner.cpu_devices=2 (repeatable)",
     )
-    parser.add_argument("--out", default=None, help="run folder (default runs/NAME-TIME)")
+    parser.add_argument("--out", default=None, help="run folder (default ./runs/NAME-TIME)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="local: stop every process if the run has not reached its budget after this "
+        "many seconds (exit 1; resumable with --resume); default no limit",
+    )
     parser.add_argument(
         "--credentials",
         default=None,
@@ -628,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError, KeyError) as e:
             parser.error(str(e))
         print(f"resuming {args.resume}: {spec.sim.method}", flush=True)
-        return _run_to_the_end(spec, resume=True)
+        return _run_to_the_end(spec, resume=True, timeout=args.timeout)
     # The whole config is validated before anything is written or started: a bad value
     # is one line on stderr naming the field, and exit code 2.
     try:
@@ -647,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, ValueError) as e:
             parser.error(f"{args.config}: {e}")
         return 0
-    run_dir = Path(args.out or ROOT / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(args.out or Path.cwd() / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     if args.executor != "local":
         from dipsjax.launch.cli import cluster
 
@@ -670,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment = Experiment(cfg.name, spec).add(role_jobs(spec, **requirements))
     except ValueError as e:
         parser.error(f"{args.config}: {e}")
-    return _run_to_the_end(spec, experiment=experiment)
+    return _run_to_the_end(spec, experiment=experiment, timeout=args.timeout)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """``dipsjax simulate CONFIG``: run an experiment (a list of simulations) and write its results.
 
-An experiment config is a Python file (or a name under ``configs/``) whose ``get_config(arg)``
+An experiment config is a Python file (or the name of a config shipped in
+:mod:`dipsjax.configs`, e.g. ``sim_eta``) whose ``get_config(arg)``
 returns an ``ml_collections.ConfigDict`` with ``name``, ``base`` (SimConfig fields shared by
 every run) and ``runs`` (a list of dicts: each run's ``label`` and the fields it changes).
-The command writes, under ``--out`` (default ``runs/NAME``):
+The command writes, under ``--out`` (default ``runs/NAME`` in the current folder):
 
 * ``metrics.json`` -- one summary per run (aggregate tokens/s, effective tokens, rejected
   fraction, outer communication time, per-phase breakdown, validation curve);
@@ -26,21 +27,17 @@ from typing import Any
 
 from dipsjax.sim.simulator import SimConfig, SimResult, simulate
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
 
 def load_experiment(name_or_path: str, arg: str | None = None) -> Any:
-    """Loads ``configs/NAME.py`` (or a path) and returns ``get_config(arg)``."""
-    path = pathlib.Path(name_or_path)
-    if not path.suffix:
-        path = ROOT / "configs" / f"{name_or_path}.py"
-    if not path.is_file():
-        known = sorted(p.stem for p in (ROOT / "configs").glob("sim_*.py"))
-        raise FileNotFoundError(f"no experiment config {name_or_path!r}; known: {known}")
+    """Loads a config, shipped (``NAME``: ``dipsjax/configs/NAME.py``) or your own (a path
+    to a ``.py`` file), and returns its ``get_config(arg)``."""
+    from dipsjax import configs
+
+    path = configs.path(name_or_path)
     spec = importlib.util.spec_from_file_location(f"dipsjax_config_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
-    sys.path.insert(0, str(path.parent))  # configs import their shared module by name
+    sys.path.insert(0, str(path.parent))  # a config of yours may import its neighbours
     try:
         spec.loader.exec_module(module)
     finally:
@@ -171,9 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", help="experiment name under configs/ (e.g. sim_eta) or a path")
+    parser.add_argument("config", help="a shipped config's name (e.g. sim_eta) or a path")
     parser.add_argument("--arg", default=None, help="argument passed to get_config (e.g. 'small')")
-    parser.add_argument("--out", default=None, help="output folder (default runs/NAME)")
+    parser.add_argument("--out", default=None, help="output folder (default ./runs/NAME)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -181,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         expand(config)
     except (FileNotFoundError, ValueError) as e:
         parser.error(str(e))
-    out = pathlib.Path(args.out) if args.out else ROOT / "runs" / config.name
+    out = pathlib.Path(args.out) if args.out else pathlib.Path("runs") / config.name
     run_experiment(config, out, quiet=args.quiet)
     print(f"wrote {out}/metrics.json, tapes and plots")
     return 0

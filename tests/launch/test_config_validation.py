@@ -13,9 +13,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from dipsjax import configs
 from dipsjax.launch import config as run_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # The examples: each was accepted up front (or ended in a traceback after
 # credentials/ was written). (override, field the error must name).
@@ -333,7 +332,7 @@ def _usable(cfg: dict, sim) -> None:
     chunks = _chunks(sim.corpus, sim.chunk_len, sim.validation_doc)  # what make_spec reads
     new_ledger(int(chunks), batches_per_chunk=sim.batches_per_chunk, seed=sim.seed)
     np.random.default_rng(sim.seed)
-    runs = ROOT / "runs"
+    runs = Path.cwd() / "runs"  # where dipsjax run puts NAME-TIME
     assert (runs / f"{cfg['name']}-20260101-000000").resolve().parent == runs
 
 
@@ -399,7 +398,7 @@ def test_every_field_has_a_rule():
 # ---- every config shipped validates ---------------------------------------------------
 
 RUN_CONFIGS = ["quickstart", "paper_1b", "paper_14b", "paper_100b"]
-SIM_CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("sim_*.py"))
+SIM_CONFIGS = configs.names("sim_")
 
 
 @pytest.mark.parametrize("arg", [None, "ci"])

@@ -131,7 +131,7 @@ def test_the_launch_script_writes_a_valid_jobset_for_a_config(tmp_path):
         sys.executable,
         "launch/dips.py",
         "--config",
-        "configs/quickstart.py",
+        "quickstart",
         "--executor",
         "kubernetes",
         "--arg",

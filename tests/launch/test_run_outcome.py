@@ -64,7 +64,7 @@ def test_a_run_a_fault_stopped_exits_non_zero_with_the_reason(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert f"stopped short of its budget: {leader.stop_reason}" in out
     assert f"dipsjax run --resume {run_dir}" in out
-    assert seen == {"resume": True}
+    assert seen == {"resume": True, "timeout": None}  # no time limit unless --timeout
 
     def gave_up(spec, **kw):
         raise RuntimeError("follower0 exited with code 1 after 3 restarts")

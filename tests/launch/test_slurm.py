@@ -97,7 +97,7 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
         sys.executable,
         "launch/dips.py",
         "--config",
-        "configs/quickstart.py",
+        "quickstart",
         "--executor",
         "slurm",
         "--arg",

@@ -37,11 +37,11 @@ def test_the_plan_of_a_small_job_matches_what_the_runtime_builds(tmp_path, wire)
 
 
 def test_paper_scale_configs_plan_without_hardware_and_place_the_server_by_b_times_p(capsys):
-    assert run_cmd.main(["configs/paper_100b.py", "--dry-run"]) == 0
+    assert run_cmd.main(["dipsjax/configs/paper_100b.py", "--dry-run"]) == 0  # by its path
     out = capsys.readouterr().out
     n = memory_plan(get_config("dips-100b")).num_params
     assert f"{n:,} parameters" in out and "16 learners, 16 followers" in out
-    cfg = load_experiment("configs/paper_100b.py")
+    cfg = load_experiment("paper_100b")  # a shipped config's name
     b = np.asarray(cfg.placement.bandwidth_gbps)
     speeds = np.asarray(cfg.sim.speeds)
     best = int(np.argmax(b @ (1.0 / speeds)))
@@ -54,7 +54,7 @@ def test_paper_scale_configs_plan_without_hardware_and_place_the_server_by_b_tim
     for j, s in enumerate(p["placement"]["push_seconds"]):
         assert s == pytest.approx(push / (b[best, j] * 1e9 / 8), rel=1e-9)
     for name in ("paper_1b", "paper_14b"):
-        assert run_cmd.main([f"configs/{name}.py", "--dry-run"]) == 0
+        assert run_cmd.main([name, "--dry-run"]) == 0
 
 
 def test_a_placement_of_the_wrong_shape_is_named(tmp_path, capsys):

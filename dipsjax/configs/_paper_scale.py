@@ -1,8 +1,8 @@
 """Shared settings of the paper-scale configs (``paper_1b``, ``paper_14b``, ``paper_100b``).
 
 16 learner partitions of three speeds over three candidate sites for the parameter server.
-These configs are for planning without hardware: ``dipsjax run configs/paper_100b.py
---dry-run`` prints the plan; running them needs the accelerators the plan names.
+These configs are for planning without hardware: ``dipsjax run paper_100b --dry-run``
+prints the plan; running them needs the accelerators the plan names.
 """
 
 import ml_collections

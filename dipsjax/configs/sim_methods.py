@@ -6,7 +6,7 @@ variant; and our extension (partial-round token scaling, off by default) as its 
 Run: ``.venv/bin/dipsjax simulate sim_methods`` (``--arg ci`` for a short run).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def get_config(arg=None):

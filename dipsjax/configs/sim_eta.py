@@ -3,7 +3,7 @@
 Run: ``.venv/bin/dipsjax simulate sim_eta`` (``--arg ci`` for a short run).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def get_config(arg=None):

@@ -1,4 +1,4 @@
-"""Shared settings of the simulator experiments (imported by configs/sim_*.py).
+"""Shared settings of the simulator experiments (imported by the sim_*.py configs).
 
 ``arg='ci'`` shrinks every experiment to a CI-sized run (tiny model, small token budget).
 """

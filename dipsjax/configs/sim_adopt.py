@@ -5,7 +5,7 @@ learner started from (``adopt='delta'``), at eta = 100.
 Run: ``.venv/bin/dipsjax simulate sim_adopt`` (``--arg ci`` for a short run).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ sends its pseudo-gradient to every other learner). Paper: Di-PS 1.06-4.69x less.
 Run: ``.venv/bin/dipsjax simulate sim_comm`` (``--arg ci``: 4 learners).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def get_config(arg=None):

@@ -1,10 +1,10 @@
 """Paper scale, for planning: the qwen3-14b model over 16 learner partitions and 8
 followers (see ``_paper_scale.py``).
 
-Run: ``.venv/bin/dipsjax run configs/paper_14b.py --dry-run``.
+Run: ``.venv/bin/dipsjax run paper_14b --dry-run``.
 """
 
-import _paper_scale as common
+from dipsjax.configs import _paper_scale as common
 
 
 def get_config(arg=None):

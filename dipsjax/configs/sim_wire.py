@@ -7,7 +7,7 @@ links int4's shorter pushes also change which learners share a round).
 Run: ``.venv/bin/dipsjax simulate sim_wire`` (``--arg ci`` for a short run).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 FAST = dict(bandwidth_gbps=(1000.0,) * 4, follower_gbps=1000.0)
 

@@ -5,7 +5,7 @@ sum of every learner's standalone tokens/s (no outer communication).
 Run: ``.venv/bin/dipsjax simulate sim_weak_scaling``.
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def speeds(m):

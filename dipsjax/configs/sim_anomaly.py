@@ -7,7 +7,7 @@ min_max_score=None, min_sigma_ratio=0``).
 Run: ``.venv/bin/dipsjax simulate sim_anomaly`` (``--arg ci`` for a short run).
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 PAPER = dict(warmup=0, min_max_score=None, min_sigma_ratio=0.0)
 

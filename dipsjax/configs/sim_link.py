@@ -3,7 +3,7 @@
 Run: ``.venv/bin/dipsjax simulate sim_link``.
 """
 
-import _sim_common as common
+from dipsjax.configs import _sim_common as common
 
 
 def get_config(arg=None):

@@ -4,6 +4,8 @@
   under ``Example:`` a doctest renders as prose and its output lines as Markdown links).
 - Sphinx roles (``:class:`~dipsjax.task.Task```, ``:func:`load_task```...) render as code
   (the last component where the target starts with ``~``), not as literal role text.
+- A reStructuredText literal-block marker (a line ending in ``::``) ends in ``:``; the
+  indented block after it is already a Markdown code block.
 """
 
 import re
@@ -11,6 +13,7 @@ import re
 import griffe
 
 _EXAMPLE = re.compile(r"^(\s*)Example:\s*$", re.MULTILINE)
+_LITERAL = re.compile(r"(?<=\S)::$", re.MULTILINE)
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|exc|obj|const):`(~?)([^`]+)`")
 
 
@@ -21,7 +24,7 @@ def _code(match: re.Match[str]) -> str:
     return f"`{target}`"
 
 
-class ExampleSections(griffe.Extension):
+class SphinxToMarkdown(griffe.Extension):
     """Rewrites each docstring once, before it is parsed."""
 
     def on_object(self, *, obj: griffe.Object, **kwargs: object) -> None:
@@ -29,4 +32,5 @@ class ExampleSections(griffe.Extension):
         if doc is None:
             return
         value = _EXAMPLE.sub(r"\1Examples:", doc.value)
+        value = _LITERAL.sub(":", value)
         doc.value = _ROLE.sub(_code, value)

@@ -17,6 +17,7 @@ DELEGATED = {
     "snapshot": ("dipsjax.runtime.snapshot", "consistent snapshot of a running job, to resume"),
     "status": ("dipsjax.runtime.status", "live view of a running job, from its leader"),
     "timeline": ("dipsjax.runtime.timeline", "draw a run's event tape as a timeline PNG"),
+    "export": ("dipsjax.export", "a run's parameters as orbax and safetensors, for its model"),
 }
 
 

@@ -19,7 +19,10 @@ from dipsjax.task import Task
 
 def get_task(cfg: Any) -> Task:
     """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)."""
+    from dipsjax.data.fetch import data_dir
+
     return _task(
+        str(data_dir()),  # where the corpus is read from: a key of the cache too
         cfg.model,
         cfg.corpus,
         cfg.validation_doc,
@@ -32,6 +35,7 @@ def get_task(cfg: Any) -> Task:
 
 @functools.lru_cache(maxsize=8)
 def _task(
+    root: str,
     model: str,
     corpus: str,
     validation_doc: str | None,
@@ -48,12 +52,18 @@ def _task(
         from dipsjax.data.pipeline import TokenChunks
 
         chunks = train_chunks(
-            corpus, chunk_len=chunk_len, tokenizer=ByteTokenizer(), validation_doc=validation_doc
+            corpus,
+            chunk_len=chunk_len,
+            tokenizer=ByteTokenizer(),
+            data_dir=root,
+            validation_doc=validation_doc,
         )
         return TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
 
     def validation() -> list[np.ndarray]:
-        return validation_batches(corpus, validation_doc, eval_batches, batch_size, seq_len)
+        return validation_batches(
+            corpus, validation_doc, eval_batches, batch_size, seq_len, data_dir=root
+        )
 
     return Task(
         name=f"lm:{model}",
@@ -67,13 +77,20 @@ def _task(
 
 
 def validation_batches(
-    corpus: str, validation_doc: str | None, count: int, batch_size: int, seq_len: int
+    corpus: str,
+    validation_doc: str | None,
+    count: int,
+    batch_size: int,
+    seq_len: int,
+    data_dir: str | None = None,
 ) -> list[np.ndarray]:
     """The first ``count`` batches ``int32[batch_size, seq_len + 1]`` of the held-out text,
     consecutive windows of it (one token of overlap, as training sequences)."""
     from dipsjax.data import ByteTokenizer, validation_data
 
-    val = validation_data(corpus, tokenizer=ByteTokenizer(), validation_doc=validation_doc)
+    val = validation_data(
+        corpus, tokenizer=ByteTokenizer(), data_dir=data_dir, validation_doc=validation_doc
+    )
     n = count * batch_size * seq_len
     rows = val.tokens[: n + 1]
     if rows.shape[0] < n + 1:

@@ -42,6 +42,7 @@ import dataclasses
 import functools
 import importlib
 import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -187,10 +188,15 @@ def resolve(path: str) -> Callable[..., Task]:
     return fn
 
 
-@functools.lru_cache(maxsize=16)
 def load_task(cfg: SimConfig) -> Task:
     """The task of experiment ``cfg``: ``resolve(cfg.task)(cfg, **cfg.task_args)``, built
-    once per process and config."""
+    once per process, config and data folder (``$DIPSJAX_DATA``)."""
+    return _load_task(cfg, os.environ.get("DIPSJAX_DATA"))
+
+
+@functools.lru_cache(maxsize=16)
+def _load_task(cfg: SimConfig, data: str | None) -> Task:
+    del data  # a key of the cache only: the task reads its data from there
     fn = resolve(cfg.task or DEFAULT)
     task = fn(cfg, **dict(cfg.task_args))
     if not isinstance(task, Task):

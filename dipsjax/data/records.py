@@ -171,8 +171,18 @@ def resolve_paths(paths: PathArg | Sequence[PathArg]) -> list[str]:
             files.append(p)
             continue
         found = sorted(glob.glob(glob.escape(p) + "-[0-9][0-9][0-9][0-9][0-9]-of-[0-9]*"))
+        counts = {f.rsplit("-of-", 1)[1] for f in found}
+        if len(counts) > 1:
+            raise ValueError(
+                f"shards of {p} of several writes ({', '.join(sorted(counts))} shards): "
+                "remove the stale ones or name the files"
+            )
         if found:
-            files.extend(found)
+            expected = shard_paths(p, int(counts.pop()))
+            missing = sorted(set(expected) - set(found))
+            if missing:
+                raise FileNotFoundError(f"shard file(s) missing: {', '.join(missing)}")
+            files.extend(expected)
         elif os.path.isdir(p):
             raise FileNotFoundError(f"{p} is a folder, not an ArrayRecord file of token chunks")
         else:

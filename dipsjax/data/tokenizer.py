@@ -15,7 +15,7 @@ a byte-level BPE (:func:`train_subword`): its alphabet is the 256 bytes, so ever
 round-trips (``decode(encode(x)) == x``); it is trained offline on the train split of a
 corpus only, then cached as a ``tokenizer.json`` next to the corpus. Its specials are
 PAD = 0, BOS = 1, EOS = 2, SEP = 3 (``<pad>``, ``<bos>``, ``<eos>``, ``<sep>``), then the
-bytes, then the merges, so ``vocab_size`` is what was asked for. A user's
+bytes, then the merges, up to the ``vocab_size`` asked for. A user's
 ``tokenizer.json`` loads too (:meth:`SubwordTokenizer.from_file`).
 
 Selecting one by name (:func:`load_tokenizer`, :func:`make_tokenizer`): ``"byte"``,
@@ -129,7 +129,7 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<sep>")
 """The specials of a trained :class:`SubwordTokenizer`, ids 0-3 (PAD, BOS, EOS, SEP)."""
 
 _SPECIAL_NAMES = {
-    # Looked for, in order, among a user tokenizer's added tokens (the usual spellings).
+    # Looked for, in order, in a user tokenizer's vocabulary (the usual spellings).
     "pad": ("<pad>", "[PAD]", "<|pad|>", "<|padding|>"),
     "bos": ("<bos>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "[CLS]", "<|endoftext|>"),
     "eos": ("<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<|im_end|>", "[SEP]"),

@@ -1,6 +1,8 @@
 """Token chunks as ArrayRecord files read through grain (RecordChunks), against the
 in-memory indexing (MemoryChunks, BatchStream's)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -78,6 +80,17 @@ def test_shards_read_the_same(austen, tmp_path):
         rec = RecordChunks(given_paths, 4, 256)
         assert len(rec.paths) == 4 and rec.num_chunks == 37
         assert_same(rec, mem)
+    # Shards of another write beside them, or one missing: refused, not mixed.
+    write_chunks(tmp_path / "train", chunks, shards=2)
+    with pytest.raises(ValueError, match="several writes"):
+        RecordChunks(tmp_path / "train", 4, 256)
+    assert_same(RecordChunks(paths, 4, 256), mem)  # named files still read
+    for stale in records.shard_paths(tmp_path / "train", 2):
+        Path(stale).unlink()
+    Path(paths[2]).unlink()
+    with pytest.raises(FileNotFoundError, match=r"shard file.*missing.*00002-of-00004"):
+        RecordChunks(tmp_path / "train", 4, 256)
+    paths = write_chunks(tmp_path / "train", chunks, shards=4)
     # One file read the same as the shards.
     single = write_chunks(tmp_path / "one", chunks)
     assert_same(RecordChunks(single, 4, 256), RecordChunks(paths, 4, 256))

@@ -249,3 +249,14 @@ def test_hostile_tiny(tmp_path):
     assert fig["hostile_refused_follower_frame"] > 0  # malformed frames, counted
     assert fig["hostile_refused_follower_ticket"] > 0  # pushes for rounds never opened
     assert fig["hostile_throughput_ratio"] > 0 and fig["hostile_control_p99_ms"] > 0
+
+
+def test_data_pipeline_tiny(tmp_path):
+    # Learner rounds fed through grain (ArrayRecord) and from memory, then three fresh
+    # processes reading a 1x, 4x and 16x corpus: the harness, not the figures.
+    fig = run_benchmark("data_pipeline", "--tiny", timeout=300, tmp_path=tmp_path)
+    expect(fig, ["data_grain_memory_ratio", "data_rss_ratio_16x"])
+    assert fig["data_grain_memory_ratio"] > 0
+    # Peak resident memory at 16x over 1x: two sizes of one process kind (the tiny corpus
+    # is 2 MiB at 16x, so even all of it in memory would stay near 1).
+    assert 0.5 < fig["data_rss_ratio_16x"] < 2

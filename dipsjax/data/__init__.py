@@ -16,9 +16,15 @@ Typical learner-side use::
     val = data.validation_data("austen")           # held-out novel: Persuasion
     for eb in val.batches(batch_size=8, seq_len=256): ...   # eb.tokens, eb.mask
 
+Beyond bytes and memory: ``data.load_tokenizer("bpe:1024")`` (a byte-level BPE trained on
+the train split and cached, or a user's ``tokenizer.json``; :mod:`.tokenizer`), and
+``data.write_chunks(path, chunks)`` / ``data.RecordChunks(path, batch_size, seq_len)``
+(chunks as ArrayRecord files read through grain one chunk at a time; :mod:`.records`).
+
 The corpora are installed by ``python -m dipsjax.data.fetch`` (run by ``scripts/setup.sh``)
 into the data directory (:func:`dipsjax.data.fetch.data_dir`).
-The package imports only numpy (``rdata`` is used by the fetch step alone).
+The package imports only numpy (``rdata`` is used by the fetch step alone; ``tokenizers``,
+``grain`` and ``array_record`` on first use of what needs them).
 
 The names below load their submodule on first use (PEP 562), so that
 ``python -m dipsjax.data.fetch`` runs without importing the rest of the package.
@@ -41,7 +47,10 @@ _EXPORTS = {
     "Lease": "ledger",
     "LedgerError": "ledger",
     "LocalLedger": "ledger",
+    "MemoryChunks": "records",
+    "RecordChunks": "records",
     "StreamPosition": "pipeline",
+    "SubwordTokenizer": "tokenizer",
     "TOKENIZERS": "tokenizer",
     "Tokenizer": "tokenizer",
     "ValidationData": "pipeline",
@@ -60,6 +69,7 @@ _EXPORTS = {
     "leases_of": "ledger",
     "load_corpus": "corpus",
     "load_text_files": "corpus",
+    "load_tokenizer": "tokenizer",
     "make_tokenizer": "tokenizer",
     "new_ledger": "ledger",
     "num_chunks": "pipeline",
@@ -70,9 +80,11 @@ _EXPORTS = {
     "holds": "ledger",
     "settle": "ledger",
     "train_chunks": "pipeline",
+    "train_subword": "tokenizer",
     "unigram_entropy_bits": "tokenizer",
     "validation_batches": "pipeline",
     "validation_data": "pipeline",
+    "write_chunks": "records",
 }
 
 
@@ -101,8 +113,11 @@ __all__ = [
     "Lease",
     "LedgerError",
     "LocalLedger",
+    "MemoryChunks",
+    "RecordChunks",
     "Span",
     "StreamPosition",
+    "SubwordTokenizer",
     "Tokenizer",
     "ValidationData",
     "bits_per_byte",
@@ -121,6 +136,7 @@ __all__ = [
     "leases_of",
     "load_corpus",
     "load_text_files",
+    "load_tokenizer",
     "make_tokenizer",
     "new_ledger",
     "num_chunks",
@@ -129,6 +145,9 @@ __all__ = [
     "settled_batches",
     "subtract",
     "train_chunks",
+    "train_subword",
+    "unigram_entropy_bits",
     "validation_batches",
     "validation_data",
+    "write_chunks",
 ]

@@ -43,6 +43,7 @@ import functools
 import importlib
 import math
 import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -170,10 +171,13 @@ DEFAULT = "dipsjax.tasks.lm:get_task"
 
 
 def resolve(path: str) -> Callable[..., Task]:
-    """The function ``"package.module:function"`` names (a clear error if it does not)."""
+    """The function ``"package.module:function"`` names (a clear error if it does not): a
+    module of the installed packages, or of the current folder."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"task {path!r}: expected 'package.module:function'")
+    if os.getcwd() not in sys.path:  # a task module in the current folder, as `python -m`
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -224,27 +224,72 @@ def test_the_installed_command_has_its_version_and_its_configs(installed):
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_dipsjax_run_from_a_folder_outside_the_repository_writes_its_runs_there(installed):
-    """``dipsjax run`` (the shipped quickstart, by default) made tiny: 2 learners, 1
-    follower, 1024 tokens (2 rounds of 4 steps of 4 x 32 tokens), one validation batch."""
+def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
+    installed, monkeypatch
+):
+    """The example task (examples/spirals: an MLP on 2-D points, batches of float inputs
+    and int labels, no tokens) from a folder outside the repository, through the wheel's
+    ``dipsjax simulate`` and ``dipsjax run``: the run writes to ``./runs``, its tape
+    replays bit for bit, its books balance counted from both sides, and ``dipsjax export``
+    gives parameters that load into the task's model and reproduce the run's last
+    validation loss."""
+    import math
+
+    import numpy as np
+
+    from dipsjax.export import load_model
+    from dipsjax.launch.run import final_params
+    from dipsjax.runtime.spec import RunSpec
+    from dipsjax.sim.replay import replay
+    from dipsjax.syncer.tape import EventTape
+    from dipsjax.task import load_task
+
     bin_dir, work = installed
-    tiny = {
-        "sim.learners": "2",
-        "sim.followers": "1",
-        "sim.speeds": "(1.0, 1.0)",
-        "sim.inner_steps": "4",
-        "sim.batch_size": "4",
-        "sim.seq_len": "32",
-        "sim.token_budget": "1024",
-        "sim.eval_batches": "1",
-        "heartbeat_interval": "1.0",
-    }
-    sets = [a for k, v in tiny.items() for a in ("--set", f"{k}={v}")]
-    cmd = [bin_dir / "dipsjax", "run", "--arg", "ci", *sets, "--timeout", "300"]
-    out = _run(cmd, work, _env(bin_dir), timeout=400)
-    (run_dir,) = (work / "runs").glob("quickstart-*")
-    assert f"run {run_dir}: dips, 2 learners, 1 followers" in out
+    env = _env(bin_dir)
+    for name in ("spirals.py", "run_config.py", "sim_config.py"):
+        shutil.copy(ROOT / "examples" / "spirals" / name, work / name)
+    # The simulator: the task's validation loss falls.
+    _run([bin_dir / "dipsjax", "simulate", "sim_config.py", "--arg", "ci"], work, env, 300)
+    (run,) = json.loads((work / "runs" / "spirals_sim" / "metrics.json").read_text())
+    curve = [p["val_loss"] for p in run["curve"]]
+    assert run["method"] == "dips" and curve[-1] < 0.8 * curve[0], curve
+    # The runtime: processes, written under ./runs of the folder it runs in.
+    _run([bin_dir / "dipsjax", "run", "run_config.py", "--arg", "ci"], work, env, 300)
+    (run_dir,) = (work / "runs").glob("spirals-*")
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["leader_tokens"]["reported"] >= 1024 and summary["applied"] >= 1
-    assert (run_dir / "tape.jsonl").is_file() and (run_dir / "timeline.png").is_file()
-    assert not (ROOT / "runs").exists() or run_dir.name not in os.listdir(ROOT / "runs")
+    spec = RunSpec.read(run_dir / "spec.json")
+    assert spec.step_tokens == 32 and spec.sim.task == "spirals:get_task"
+    books = summary["leader_tokens"]
+    assert books["reported"] >= spec.sim.token_budget
+    assert books["reported"] == books["applied"] + books["rejected"] + books["dropped"]
+    # The learners' side, counted by each learner: every push the leader took.
+    learners = [json.loads((run_dir / f"learner{j}" / "reported.json").read_text()) for j in (0, 1)]
+    assert sum(r["tokens"] for r in learners) == books["reported"]
+    assert all(r["tokens"] % 32 == 0 and r["tokens"] > 0 for r in learners)
+    # The task is imported from the current folder, in this process too.
+    monkeypatch.chdir(work)
+    tape = EventTape.read(run_dir / "tape.jsonl")
+    version, params = final_params(run_dir)
+    replayed = replay(spec.sim, tape)
+    flat = lambda t: {k: np.asarray(v) for k, v in _flatten(t).items()}  # noqa: E731
+    assert flat(replayed).keys() == flat(params).keys()
+    for k, v in flat(params).items():
+        np.testing.assert_array_equal(flat(replayed)[k], v, err_msg=str(k))
+    # Export, load into the task's model, evaluate: the run's last validation loss.
+    out = work / "export"
+    _run([bin_dir / "dipsjax", "export", run_dir, "--out", out], work, env)
+    model = load_model(out)
+    task = load_task(spec.sim)
+    losses = [float(task.loss(model, b)) for b in task.validation]
+    last = summary["curve"][-1]
+    assert last["version"] == version and math.isnan(last["val_bpb"])
+    assert sum(losses) / len(losses) == pytest.approx(last["val_loss"], rel=1e-5)
+
+
+def _flatten(tree, prefix=()):
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, (*prefix, str(k))))
+        return out
+    return {prefix: tree}

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -307,7 +308,7 @@ def plot(curve: list[dict[str, float]], path: Path) -> Path:
     for ax, key, label in ((axes[0], "t", "time (s)"), (axes[1], "tokens", "tokens applied")):
         ax.plot([p[key] for p in curve], [p["val_loss"] for p in curve], marker="o")
         ax.set_xlabel(label)
-        ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_ylabel("validation loss")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -350,9 +351,10 @@ def report(spec: RunSpec, summary: dict[str, Any]) -> None:
     )
     if summary.get("curve"):
         last = summary["curve"][-1]
+        bpb = last["val_bpb"]  # NaN for a task without bits per byte (not a language model)
+        extra = f" ({bpb:.3f} bits/byte)" if math.isfinite(bpb) else ""
         console.print(
-            f"validation loss {last['val_loss']:.4f} nats/byte ({last['val_bpb']:.3f} "
-            f"bits/byte) at version {last['version']}"
+            f"validation loss {last['val_loss']:.4f}{extra} at version {last['version']}"
         )
     console.print(
         f"outputs: {run_dir}/tape.jsonl, timeline.png, loss.png, tb/ (tensorboard --logdir "

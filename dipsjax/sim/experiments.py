@@ -90,7 +90,7 @@ def _plot(results: list[tuple[str, SimResult]], out: pathlib.Path) -> list[pathl
             ys = [p["val_loss"] for p in res.curve]
             ax.plot(xs, ys, marker="o", ms=3, label=label)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation loss (nats/byte)")
+        ax.set_ylabel("validation loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()

@@ -250,9 +250,14 @@ def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
         shutil.copy(ROOT / "examples" / "spirals" / name, work / name)
     # The simulator: the task's validation loss falls.
     _run([bin_dir / "dipsjax", "simulate", "sim_config.py", "--arg", "ci"], work, env, 300)
-    (run,) = json.loads((work / "runs" / "spirals_sim" / "metrics.json").read_text())
+    runs = json.loads((work / "runs" / "spirals_sim" / "metrics.json").read_text())["runs"]
+    run = runs["dips"]
     curve = [p["val_loss"] for p in run["curve"]]
     assert run["method"] == "dips" and curve[-1] < 0.8 * curve[0], curve
+    t = run["token_count"]  # the simulator's books: learners' side against the leader's
+    assert t["consumed"] == sum(
+        t[k] for k in ("applied", "rejected", "dropped", "outstanding", "unpushed", "lost")
+    )
     # The runtime: processes, written under ./runs of the folder it runs in.
     _run([bin_dir / "dipsjax", "run", "run_config.py", "--arg", "ci"], work, env, 300)
     (run_dir,) = (work / "runs").glob("spirals-*")

@@ -98,9 +98,9 @@ class Task:
         source's ``tokens_per_batch`` (the language model checks its token batches here).
       inner_optimizer: an ``optax`` transform for the learners' inner steps; ``None``: the
         config's (:class:`~dipsjax.learner.step.InnerOptimizerConfig` from ``inner_*``).
-      outer_optimizer: ``outer_optimizer(learning_rate, momentum) -> optax transform``, the
-        followers' outer step in place of the papers' Nesterov SGD (the method's merge,
-        penalty and clipping stay); ``None``: Nesterov, or the config's ``outer_optimizer``.
+
+    The outer optimizer is the config's (``SimConfig.outer_optimizer``: the followers build
+    it without the task).
     """
 
     name: str
@@ -111,7 +111,6 @@ class Task:
     metrics: Callable[[float], dict[str, float]] | None = None
     count: Callable[[PyTree], int] | None = None
     inner_optimizer: optax.GradientTransformation | None = None
-    outer_optimizer: Callable[[float, float], optax.GradientTransformation] | None = None
 
     def __post_init__(self) -> None:
         for field in ("model", "loss"):

@@ -39,11 +39,16 @@ def _finish(
     max_norm: float | None,
     learning_rate: float,
     momentum: float,
+    step: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-    """Appends the optional global clip and the Nesterov step; names the chain."""
+    """Appends the optional global clip and the outer step (Nesterov, or ``step``: an
+    extension, stage ``'outer'``); names the chain."""
     if max_norm is not None:
         parts.append(("clip", clip_by_global_norm(max_norm)))
-    parts.append(("nesterov", nesterov(learning_rate, momentum)))
+    if step is None:
+        parts.append(("nesterov", nesterov(learning_rate, momentum)))
+    else:
+        parts.append(("outer", step))
     return optax.named_chain(*parts)
 
 
@@ -54,6 +59,7 @@ def dips(
     alpha: float = 0.02,
     beta: float = 3.0,
     max_norm: float | None = 1.0,
+    step: optax.GradientTransformation | None = None,
     **anomaly_kwargs: object,
 ) -> optax.GradientTransformationExtraArgs:
     """Di-PS outer optimizer: anomaly penalty -> token-weighted mean -> clip -> Nesterov.
@@ -68,7 +74,7 @@ def dips(
         ("reject", reject_anomalies(alpha, beta, **anomaly_kwargs)),
         ("merge", token_weighted_mean("tokens")),
     ]
-    return _finish(parts, max_norm, learning_rate, momentum)
+    return _finish(parts, max_norm, learning_rate, momentum, step)
 
 
 def decoupled_diloco(
@@ -80,6 +86,7 @@ def decoupled_diloco(
     plain_mean: Callable[[str], bool] | None = default_plain_mean,
     max_norm: float | None = None,
     full_round_tokens: float | None = None,
+    step: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Decoupled DiLoCo outer optimizer: ``c_tok^2/c_steps`` weights -> RDA -> Nesterov.
 
@@ -101,7 +108,7 @@ def decoupled_diloco(
         else token_weighted_mean(weighting, full_round_tokens=full_round_tokens)
     )
     parts: list[tuple[str, optax.GradientTransformation]] = [("merge", merge)]
-    return _finish(parts, max_norm, learning_rate, momentum)
+    return _finish(parts, max_norm, learning_rate, momentum, step)
 
 
 def diloco(
@@ -109,6 +116,7 @@ def diloco(
     momentum: float = 0.8,
     *,
     max_norm: float | None = None,
+    step: optax.GradientTransformation | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Synchronous DiLoCo outer optimizer: plain mean over present learners -> Nesterov.
 
@@ -118,4 +126,4 @@ def diloco(
     parts: list[tuple[str, optax.GradientTransformation]] = [
         ("merge", token_weighted_mean("uniform"))
     ]
-    return _finish(parts, max_norm, learning_rate, momentum)
+    return _finish(parts, max_norm, learning_rate, momentum, step)

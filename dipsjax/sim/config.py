@@ -258,6 +258,7 @@ class SimConfig:
             max_staleness=self.max_staleness,
             version_cache=self.version_cache,
             deal_chunks=self.learners if self.deal_chunks else 0,
+            outer_optimizer=self.outer_optimizer,
             heartbeat_interval=self.heartbeat_interval,
             token_budget=self.token_budget,
             num_followers=num_followers,

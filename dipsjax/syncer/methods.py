@@ -54,6 +54,9 @@ class MethodSettings:
       token_budget: stop after this many tokens.
       num_followers, layer_owner: the shards (see :class:`LeaderConfig`).
       deal_chunks: deal chunks in turns to this many learners (see :class:`LeaderConfig`).
+      outer_optimizer: EXTENSION: ``"package.module:function"``, a function
+        ``(learning_rate, momentum) -> optax transform`` whose transform takes the place of
+        the chain's Nesterov step (``''``: Nesterov, as the papers).
     """
 
     learners: int = 4
@@ -74,6 +77,7 @@ class MethodSettings:
     num_followers: int = 1
     layer_owner: tuple[int, ...] = ()
     deal_chunks: int = 0
+    outer_optimizer: str = ""
 
     def __post_init__(self) -> None:
         if self.learners < 1:
@@ -108,10 +112,16 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
 
     a = s.anomaly
     lr, mom = s.outer_lr, s.outer_momentum
+    step = None
+    if s.outer_optimizer:
+        from dipsjax.task import resolve
+
+        step = resolve(s.outer_optimizer)(lr, mom)
     if name == "dips":
         return outer.dips(
             lr,
             mom,
+            step=step,
             alpha=a.alpha,
             beta=a.beta,
             history=a.history,
@@ -122,8 +132,8 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
         )
     if name == "decoupled":
         full = s.full_round_tokens if s.round_token_scale else None
-        return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full)
-    return outer.diloco(lr, mom)
+        return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full, step=step)
+    return outer.diloco(lr, mom, step=step)
 
 
 def build(name: str, settings: MethodSettings | None = None) -> Method:

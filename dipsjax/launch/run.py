@@ -353,9 +353,7 @@ def report(spec: RunSpec, summary: dict[str, Any]) -> None:
         last = summary["curve"][-1]
         bpb = last["val_bpb"]  # NaN for a task without bits per byte (not a language model)
         extra = f" ({bpb:.3f} bits/byte)" if math.isfinite(bpb) else ""
-        console.print(
-            f"validation loss {last['val_loss']:.4f}{extra} at version {last['version']}"
-        )
+        console.print(f"validation loss {last['val_loss']:.4f}{extra} at version {last['version']}")
     console.print(
         f"outputs: {run_dir}/tape.jsonl, timeline.png, loss.png, tb/ (tensorboard --logdir "
         f"{run_dir}/tb), logs/"

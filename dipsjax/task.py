@@ -126,7 +126,9 @@ class Task:
     @functools.cached_property
     def source(self) -> DataSource:
         """The training data (built on first use)."""
-        src = self.data if isinstance(self.data, DataSource) else self.data()
+        given = self.data
+        # A class is a factory (its attributes may look like a DataSource's).
+        src = given if isinstance(given, DataSource) and not isinstance(given, type) else given()
         check_source(src, self.name)
         return src
 

@@ -161,3 +161,34 @@ def test_two_partitions_step_concurrently_on_disjoint_meshes(learner):
             assert np.mean(np.abs(d - (s - e)) > 1e-2 * OPT.learning_rate) < 1e-3
         devices = {d.id for x in leaves(learners[i].params) for d in x.devices()}
         assert devices == {d.id for d in groups[i]}
+
+
+def test_the_inner_schedule_counts_the_learner_s_steps_across_pulls():
+    """DiLoCo keeps the inner AdamW state across rounds: a pull replaces the parameters
+    only, so the schedule's step count (warmup, then cosine) goes on from where the last
+    round left it; only a first pull (``reset_optimizer``) starts it again."""
+    import optax
+
+    from dipsjax.learner.step import learning_rate_schedule
+
+    opt = InnerOptimizerConfig(
+        learning_rate=1e-3, warmup_steps=2, schedule="cosine", decay_steps=10
+    )
+    learner = Learner(get_config("tiny"), opt, mesh=None, learner_id=0, params=tiny_init())
+
+    def counts():
+        leaves = jax.tree_util.tree_flatten_with_path(learner.opt_state)[0]
+        return {int(v) for path, v in leaves if "count" in jax.tree_util.keystr(path)}
+
+    learner.run_round(batches(3), num_steps=3)
+    learner.pull(tiny_init(), version=1)
+    assert counts() == {3}
+    learner.run_round(batches(3, seed=1), num_steps=3)
+    assert counts() == {6}
+    # The step it applies next uses the schedule at step 6, not at 0 (warmup's 0 lr).
+    schedule = learning_rate_schedule(opt)
+    assert float(schedule(6)) == pytest.approx(
+        float(optax.cosine_decay_schedule(1e-3, 10, alpha=0.1)(4))
+    )
+    learner.pull(tiny_init(), version=2, reset_optimizer=True)
+    assert counts() == {0}

@@ -172,3 +172,49 @@ def test_the_local_launcher_and_a_cluster_count_one_learners_incarnations(tmp_pa
     snap.mkdir()
     (snap / "incarnations.json").write_text(json.dumps({"learner0": 3}))
     assert start_args("learner", 0, snap) == ["--incarnation", "3"]
+
+
+def test_a_role_failing_at_start_up_twice_with_the_same_error_stops_the_run_with_its_log(tmp_path):
+    """Issue 19: a role a config error kills at start-up (the leader of ``sim.method=dp``,
+    before ``dipsjax run`` refused it) was restarted until out of restarts, the launcher
+    saying only "see its log". Now the second failure at start-up with the same last log
+    line stops the run at once, the role's last log lines in the message; a failure with
+    another error, or a death by a signal, is restarted as before."""
+    import time
+
+    healer, started = _healer(tmp_path, False, leader=1)
+    log = tmp_path / "run" / "leader.log"
+    error = "ValueError: method must be one of ('dips', 'decoupled'), got 'dp'"
+
+    def dies(rc, last):
+        with log.open("a") as fh:
+            fh.write(f"2026-12-04 07:41:0{len(started)}.123 INFO leader: starting\n")
+            fh.write(f"Traceback (most recent call last):\n  File x, line 1\n{last}\n")
+        healer.procs.procs["leader"] = _Proc(rc)
+        healer.started_at["leader"] = time.monotonic()
+
+    dies(1, error)
+    healer.check()  # the first failure: restarted (no backoff here)
+    healer.check()
+    assert started == [("leader", "--resume", "--alone")]
+    dies(1, error)
+    with pytest.raises(RuntimeError) as info:
+        healer.check()
+    message = str(info.value)
+    assert "leader failed at start-up twice in a row with the same error (exit code 1)" in message
+    assert error in message and "Traceback (most recent call last):" in message
+    assert len(started) == 1  # not started a third time
+
+    # Another error the second time, or a kill by a signal: restarted as before.
+    healer, started = _healer(tmp_path / "b", False, leader=1)
+    log = tmp_path / "b" / "run" / "leader.log"
+    dies(1, error)
+    healer.check()
+    healer.check()
+    dies(1, "OSError: [Errno 98] Address already in use")
+    healer.check()
+    healer.check()
+    dies(-9, "OSError: [Errno 98] Address already in use")
+    healer.check()
+    healer.check()
+    assert len(started) == 3

@@ -184,7 +184,7 @@ def test_sync_diloco_resumed_ends_exactly_where_an_uninterrupted_run_ends(tmp_pa
     v = saved[0]["version"]
     for k in range(sim.followers):
         log = (run / "logs" / f"follower{k}.log").read_text()
-        assert f"follower {k}: holds the inputs of round" in log
+        assert f"follower{k}: holds the inputs of round" in log
         assert f"(decided at version {v})" in log
     # Every round waits for both workers (min_active): both must come back.
     version, params = _check_resumed(run, sim, summary, saved, everyone_back=True)

@@ -526,8 +526,12 @@ class LeaderNode:
         elif kind == "membership":
             extra = {k: v for k, v in r.items() if k not in ("kind", "t", "event", "learner")}
             log.info("learner %s: %s %s", r["learner"], r["event"], extra)
+        elif kind == "follower" and r.get("event") == "lost":
+            log.warning("follower %s: lost (%s)", r.get("follower"), r.get("reason"))
         elif kind == "follower":
-            log.warning("follower %s: %s (%s)", r.get("follower"), r.get("event"), r.get("reason"))
+            log.info(
+                "follower %s: %s at version %s", r.get("follower"), r.get("event"), r.get("version")
+            )
         elif kind == "resume":
             log.info("resumed at version %s (reopened: %s)", r.get("version"), r.get("reopened"))
 

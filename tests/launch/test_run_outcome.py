@@ -218,3 +218,39 @@ def test_a_role_failing_at_start_up_twice_with_the_same_error_stops_the_run_with
     healer.check()
     healer.check()
     assert len(started) == 3
+
+
+def test_the_console_line_shows_the_learners_phases_and_the_newest_validation(tmp_path):
+    """Issue 19: while learners compile (30-70 s) the console said only ``version 0 round 0
+    (idle)``; now it counts the learners by phase (their ``phase.json``), and shows the
+    evaluator's newest point."""
+    from dipsjax.runtime import progress
+
+    run_dir = tmp_path / "run"
+    spec = types.SimpleNamespace(
+        run_dir=str(run_dir), sim=SimConfig(learners=4, followers=1, token_budget=1000)
+    )
+    run_dir.mkdir()
+    line = run.console_line(spec, 3.0)  # nothing written yet: the leader is starting
+    assert "leader starting" in line and "learners: 4 not started" in line
+    for j, phase in enumerate(("compiling", "compiling", "starting")):
+        progress.write_phase(run_dir, j, phase)
+    assert "learners: 1 not started, 1 starting, 2 compiling" in run.console_line(spec, 9.0)
+    (run_dir / "leader").mkdir()
+    status = {
+        "version": 3,
+        "rounds": 4,
+        "phase": "idle",
+        "tokens": {"reported": 600, "rejected": 0},
+        "budget": 1000,
+        "learners": {"0": {"state": "training", "tokens": 300}},
+    }
+    (run_dir / "leader" / "status.json").write_text(json.dumps(status))
+    for j in range(4):
+        progress.write_phase(run_dir, j, "training" if j < 3 else "waiting")
+    point = {"version": 2, "tokens": 400, "val_loss": 3.5, "val_bpb": 5.05, "t": 1.0}
+    (run_dir / "eval.jsonl").write_text(json.dumps(point) + "\n")
+    line = run.console_line(spec, 60.0)
+    assert line.startswith("[  60.0s] version 3 round 4 (idle), tokens 600/1000")
+    assert "| learners: 3 training, 1 waiting |" in line
+    assert "val_loss 3.5000 (5.050 bpb) at version 2" in line and "L0: training 300 tok" in line

@@ -616,6 +616,7 @@ class LearnerNode:
         }
         state = self.compute.call("opt_state")  # on the host (gathered, if spread)
         self.ckpt.save(c.step, state, meta)
+        log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
 
     def restore(self, c: m.Restore) -> None:
         """Restores the checkpoint the protocol chose (``None``: none: start afresh on the

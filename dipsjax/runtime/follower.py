@@ -167,14 +167,14 @@ class FollowerNode:
         """The tokens the versions up to ``version`` applied (``decisions.jsonl``; 0 when
         it has none, or lines without tokens from an older run)."""
         path = Path(self.spec.run_dir) / f"follower{self.k}" / "decisions.jsonl"
-        total = 0
+        by_version: dict[int, int] = {}  # a round redone after a restart is logged twice
         with contextlib.suppress(OSError):
             for line in path.read_text().splitlines():
-                with contextlib.suppress(ValueError):
+                with contextlib.suppress(ValueError, TypeError, KeyError):
                     d = json.loads(line)
-                    if d.get("version", version + 1) <= version:
-                        total += int(d.get("tokens", 0))
-        return total
+                    if int(d["version"]) <= version:
+                        by_version[int(d["version"])] = int(d.get("tokens", 0))
+        return sum(by_version.values())
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict

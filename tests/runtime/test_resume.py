@@ -86,9 +86,7 @@ def _check_resumed(run, sim, summary, saved, everyone_back):
     # Every follower came back at the leader's version, from its checkpoint of it.
     for name, steps in followers.items():
         assert steps[v] == v
-        assert f"{name}: resumed at version {v}" in (
-            (run / "logs" / f"{name}.log").read_text()
-        )
+        assert f"{name}: resumed at version {v}" in ((run / "logs" / f"{name}.log").read_text())
     tape = EventTape.read(run / "tape.jsonl")
     (resume,) = [r for r in tape.records if r["kind"] == "resume"]
     assert resume["version"] == v

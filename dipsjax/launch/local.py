@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class Local:
         self.jobs: dict[str, Job] = {}
         self.groups: dict[str, list[subprocess.Popen]] = {}  # a spread job's other processes
         self.started: set[str] = set()
+        self.helpers: dict[str, subprocess.Popen] = {}  # beside the roles (the evaluator)
 
     def cores_for(self, job: Job, process: int = 0) -> set[int] | None:
         """The cores a learner process is pinned to: ``cpus`` cores each, in turn (the
@@ -102,6 +104,27 @@ class Local:
             self.groups[job.name] = procs[1:]
         return procs[0]
 
+    def start_helper(self, name: str, module: str, *args: str) -> subprocess.Popen:
+        """A process beside the job's roles (the evaluator): ``python -m MODULE SPEC ARGS``
+        started as a role is (through :mod:`dipsjax.launch._child`, a session of its own,
+        its log ``RUN_DIR/logs/NAME.log``), on the CPU, not pinned, never restarted;
+        :meth:`stop` ends it first. Not one of :attr:`procs` (the job's roles)."""
+        spec_path = str(Path(self.spec.run_dir) / "spec.json")
+        cmd = [sys.executable, "-m", "dipsjax.launch._child", str(os.getpid()), module]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path(self.spec.run_dir) / "jax-cache"))
+        with (self.logs / f"{name}.log").open("a" if name in self.started else self.mode) as log:
+            self.started.add(name)
+            proc = subprocess.Popen(
+                [*cmd, spec_path, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        self.helpers[name] = proc
+        return proc
+
     def launch(self, experiment: Experiment, *extra: str) -> None:
         """Starts every job of ``experiment`` (leader first, then followers, learners)."""
         for role in ("leader", "follower", "learner"):
@@ -130,6 +153,7 @@ class Local:
         ``timeout`` seconds; returns once all have exited. A spread job's other processes
         are left to its first one (which tells them to stop once it has finished) until
         it has exited, then ended the same way."""
+        self._end(list(self.helpers.values()), timeout)
         self._end(list(self.procs.values()), timeout)
         self._end([p for group in self.groups.values() for p in group], timeout)
 

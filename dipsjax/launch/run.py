@@ -2,10 +2,18 @@
 
 Starts ``python -m dipsjax.runtime.{leader,follower,learner}`` with the run's
 :class:`~dipsjax.runtime.spec.RunSpec` (free ports, a fresh job credential), one log file
-per process under ``RUN_DIR/logs/``, learners pinned round-robin to the cores. Shows the
-leader's progress every few seconds, waits for the token budget, and ends with a summary of
-the event tape (``RUN_DIR/tape.jsonl``). Ctrl-C (or SIGTERM) stops every process it
-started, cleanly, within seconds.
+per process under ``RUN_DIR/logs/`` (each line with its time, level and role:
+:mod:`dipsjax.runtime.logs`), learners pinned round-robin to the cores. Shows the leader's
+progress every few seconds, with each learner's phase (``learners: 2 compiling, 2
+training``) and the newest validation loss, waits for the token budget, and ends with a
+summary of the event tape (``RUN_DIR/tape.jsonl``). Ctrl-C (or SIGTERM) stops every process
+it started, cleanly, within seconds.
+
+With ``evaluate`` (the default), an evaluator (:mod:`dipsjax.runtime.evaluator`) runs
+beside the roles at the lowest CPU priority: it validates each version the followers save
+(every ``eval_every`` versions) as it appears, into ``RUN_DIR/eval.jsonl`` (the console,
+``dipsjax status``) and ``RUN_DIR/tb/eval``; it ends with the job, and the end-of-run
+evaluation of every saved version follows as before.
 
 Self-healing: a process that dies is started again (:class:`Healer`: a learner as a new
 incarnation, a follower from its newest checkpoint, the leader from its snapshot, on their
@@ -29,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -40,13 +49,15 @@ from typing import Any
 from dipsjax.launch import config as run_config
 from dipsjax.launch.core import Experiment, requirements_from_config, role_jobs
 from dipsjax.launch.local import Local
-from dipsjax.runtime import permissions
+from dipsjax.runtime import logs, permissions, progress
 from dipsjax.runtime.credentials import create as create_credentials
 from dipsjax.runtime.credentials import load as load_credentials
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, write_json
 from dipsjax.sim.config import SimConfig
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.tape import EventTape, phase_seconds
+
+PROGRESS_EVERY = 5.0  # seconds between the console's progress lines
 
 
 def free_port() -> int:
@@ -138,7 +149,16 @@ class Healer:
     Each death and restart is a line of ``RUN_DIR/restarts.jsonl`` (role, exit code, when it
     was seen dead and when it was started again, seconds since the launch), and the
     learners' incarnations are kept in ``RUN_DIR/incarnations/`` for ``--resume``.
+
+    A role that fails at start-up (an error exit within :attr:`STARTUP_S` seconds of its
+    start) twice in a row with the same last log line (a config error it dies of, say) is
+    not started again: the launcher gives up at once, the role's last log lines in its
+    message, rather than bury the error under restarts. Out of restarts, the message has
+    them too.
     """
+
+    STARTUP_S = 60.0  # an error exit this soon after its start is a failure at start-up
+    TAIL_LINES = 15  # of the role's log, in the message of a role given up on
 
     def __init__(self, experiment: Experiment, procs: Local, t0: float) -> None:
         self.experiment, self.procs, self.t0 = experiment, procs, t0
@@ -147,6 +167,8 @@ class Healer:
         self.count: dict[str, int] = {}
         self.due: dict[str, tuple[float, int, float]] = {}  # name -> (restart at, rc, seen)
         self.stopped = False
+        self.started_at: dict[str, float] = {}
+        self.early: dict[str, tuple[int, str] | None] = {}  # its last death at start-up
 
     def args(self, name: str, restart: bool = False) -> list[str]:
         """Arguments of a role's next start, by the rule a cluster's restarts use
@@ -183,10 +205,20 @@ class Healer:
                     f"{name} was refused by the leader (exit code {rc}: another model "
                     f"fingerprint?); see {self.procs.logs / (name + '.log')}"
                 )
+            log_path = self.procs.logs / (name + ".log")
+            failure = self.startup_failure(name, rc, now)
+            if failure is not None and self.early.get(name) == failure:
+                raise RuntimeError(
+                    f"{name} failed at start-up twice in a row with the same error (exit "
+                    f"code {rc}): {failure[1]}\nthe last lines of {log_path}:\n"
+                    f"{self.tail(name)}"
+                )
+            self.early[name] = failure
             if n >= self.spec.max_restarts:
                 raise RuntimeError(
                     f"{name} exited with code {rc} after {n} restarts (max_restarts="
-                    f"{self.spec.max_restarts}); see {self.procs.logs / (name + '.log')}"
+                    f"{self.spec.max_restarts}); see {log_path}\nthe last lines of {log_path}:"
+                    f"\n{self.tail(name)}"
                 )
             delay = min(self.spec.restart_backoff * 2**n, 8.0)
             print(f"{name} exited with code {rc}: restarting it in {delay:.1f} s", flush=True)
@@ -202,8 +234,30 @@ class Healer:
                 fh.write(json.dumps(record) + "\n")
 
     def start(self, name: str, *args: str) -> None:
+        self.started_at[name] = time.monotonic()
         self.procs.start(self.experiment.job(name), *args)
         self.procs.write_pids()
+
+    def tail(self, name: str, lines: int | None = None) -> str:
+        """The last lines of role ``name``'s log (``""`` if it has none)."""
+        try:
+            text = (self.procs.logs / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.rstrip().splitlines()[-(lines or self.TAIL_LINES) :])
+
+    def startup_failure(self, name: str, rc: int, now: float) -> tuple[int, str] | None:
+        """``(exit code, last log line)`` of a death at start-up: an error exit (not a
+        signal, not one of the protocol's exit codes: evicted, unreachable, refused)
+        within :attr:`STARTUP_S` of its start; None for any other death."""
+        from dipsjax.syncer import messages as m
+
+        protocol = {int(c) for c in m.ExitCode}
+        started = self.started_at.get(name)
+        if rc <= 0 or rc in protocol or started is None or now - started > self.STARTUP_S:
+            return None
+        last = next((x for x in reversed(self.tail(name).splitlines()) if x.strip()), "")
+        return rc, re.sub(logs.LINE, "", last).strip()  # without its time: the same error
 
 
 def shard_files(run_dir: Path, name: str) -> list[Path]:
@@ -407,6 +461,39 @@ def launch(
         return _launch(spec, timeout, progress, evaluate, resume, experiment)
 
 
+def console_line(spec: RunSpec, elapsed: float, procs: Local | None = None) -> str:
+    """The launcher's progress line: the leader's version, round and token books, each
+    learner's phase (``learners: 2 compiling, 2 training``: from ``learner{j}/phase.json``,
+    so that compiling learners show as such), the newest validation, and the leader's
+    view of each learner."""
+    run_dir = Path(spec.run_dir)
+    try:
+        st = json.loads((run_dir / "leader" / "status.json").read_text())
+    except (OSError, ValueError):  # not written yet (the leader starting), or being replaced
+        st = None
+    parts = []
+    if st is not None:
+        parts.append(
+            f"version {st['version']} round {st['rounds']} ({st['phase']}), tokens "
+            f"{st['tokens']['reported']}/{st['budget']}, rejected {st['tokens']['rejected']}"
+        )
+    else:
+        parts.append(f"version - (leader starting), budget {spec.sim.token_budget}")
+    phases = progress.read_phases(run_dir, spec.sim.learners)
+    parts.append(progress.phase_counts(phases, spec.sim.learners))
+    validation = progress.validation_text(progress.read_validation(run_dir))
+    evaluator = procs.helpers.get("evaluator") if procs is not None else None
+    if evaluator is not None and evaluator.poll() not in (None, 0):
+        validation = f"evaluator exited ({evaluator.returncode}: see logs/evaluator.log)"
+    if validation:
+        parts.append(validation)
+    if st is not None and st.get("learners"):
+        parts.append(
+            "  ".join(f"L{j}: {v['state']} {v['tokens']} tok" for j, v in st["learners"].items())
+        )
+    return f"[{elapsed:6.1f}s] " + " | ".join(parts)
+
+
 def _launch(
     spec: RunSpec,
     timeout: float | None,
@@ -430,7 +517,6 @@ def _launch(
         snap = json.loads((run_dir / "leader" / "snapshot.json").read_text())
         again, follower_again = ["--resume"], ["--resume", str(snap["version"])]
         leader_again = ["--resume", "--reopen"]  # a run a fault stopped goes on
-    status_path = run_dir / "leader" / "status.json"
 
     def on_signal(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
@@ -455,6 +541,8 @@ def _launch(
                     healer.start(f"learner{j}", *healer.args(f"learner{j}"), *resumed)
 
         start_learners()
+        if evaluate:  # validation of the versions saved, as it trains (lowest CPU priority)
+            procs.start_helper("evaluator", "dipsjax.runtime.evaluator")
         last = 0.0
         while True:
             time.sleep(0.1)
@@ -465,22 +553,9 @@ def _launch(
                 break  # the leader ends (0) once the job stopped
             if timeout is not None and time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")
-            if progress and time.monotonic() - last > 5 and status_path.exists():
+            if progress and time.monotonic() - last > PROGRESS_EVERY:
                 last = time.monotonic()
-                try:
-                    st = json.loads(status_path.read_text())
-                except ValueError:
-                    continue
-                learners = "  ".join(
-                    f"L{j}: {v['state']} {v['tokens']} tok"
-                    for j, v in st.get("learners", {}).items()
-                )
-                print(
-                    f"[{time.monotonic() - t0:6.1f}s] version {st['version']} round "
-                    f"{st['rounds']} ({st['phase']}), tokens {st['tokens']['reported']}"
-                    f"/{st['budget']}, rejected {st['tokens']['rejected']} | {learners}",
-                    flush=True,
-                )
+                print(console_line(spec, time.monotonic() - t0, procs), flush=True)
         for p in procs.procs.values():  # everyone got Stop: let them finish
             try:
                 p.wait(30)

@@ -36,6 +36,7 @@ import fcntl
 import functools
 import hmac
 import json
+import logging
 import os
 import signal
 import sys
@@ -52,7 +53,7 @@ import numpy as np
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
-from dipsjax.runtime import permissions
+from dipsjax.runtime import logs, permissions
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, model_layout, model_shapes
 from dipsjax.runtime.credentials import push_ticket
@@ -64,6 +65,8 @@ from dipsjax.transport.dataplane import DataPlaneServer
 from dipsjax.transport.refusals import RefusalLog
 
 REFUSAL_LOG_INTERVAL = 10.0  # seconds: one log line, metrics write, TB point per kind
+
+log = logging.getLogger("dipsjax.runtime.follower")  # not __name__: "__main__" when run
 
 
 class FollowerNode:
@@ -102,13 +105,11 @@ class FollowerNode:
             version = int(meta["version"])
             ended = meta.get("ended", [])  # rounds over by then: their replays are refused
             self.ckpt.drop_after(version)  # a newer step is from a round never finished
-            print(f"follower {k}: resumed at version {version}", flush=True)
+            log.info("resumed at version %d", version)
         elif resume is not None:
             self.ckpt.drop_after(-1)  # steps of versions the leader never counted
-            print(
-                f"follower {k}: no checkpoint to resume from in {self.ckpt.directory}: "
-                "starting at version 0",
-                flush=True,
+            log.info(
+                "no checkpoint to resume from in %s: starting at version 0", self.ckpt.directory
             )
         self.follower = Follower(
             k,
@@ -120,9 +121,12 @@ class FollowerNode:
             ended=ended,
             **spec.sim.follower_options(),  # as the simulator's followers
         )
+        self.applied_tokens = self._applied_tokens(version)  # TensorBoard's x-axis
         if init == "model":  # compile before joining (too costly in memory for huge models)
             wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
+            t0 = time.perf_counter()
             warm_up(shard, tx, spec.sim.learners, method.reference, wire)
+            log.info("compiled its outer step in %.1f s", time.perf_counter() - t0)
         if step is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state
             self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
@@ -149,8 +153,8 @@ class FollowerNode:
         )
         self.refusals = RefusalLog(
             REFUSAL_LOG_INTERVAL,
-            emit=lambda line: print(line, flush=True),
-            prefix=f"follower {k}: ",
+            emit=log.warning,
+            prefix="",
         )
         self.data.on_refusal = self._refused
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
@@ -158,6 +162,19 @@ class FollowerNode:
         self.exit_code = 0
         if resume is not None:  # restarted: it may hold a decided round's inputs
             self._restore_inputs()
+
+    def _applied_tokens(self, version: int) -> int:
+        """The tokens the versions up to ``version`` applied (``decisions.jsonl``; 0 when
+        it has none, or lines without tokens from an older run)."""
+        path = Path(self.spec.run_dir) / f"follower{self.k}" / "decisions.jsonl"
+        by_version: dict[int, int] = {}  # a round redone after a restart is logged twice
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    d = json.loads(line)
+                    if int(d["version"]) <= version:
+                        by_version[int(d["version"])] = int(d.get("tokens", 0))
+        return sum(by_version.values())
 
     def on_push(
         self, round_id: int, learner: int, incarnation: int, base: int, tensors: dict
@@ -207,7 +224,8 @@ class FollowerNode:
         if self.refusals.record(kind, message):
             self._write_metrics()
             count = self.data.refused[kind]
-            self.tb.add_scalar(f"follower/refused/{kind}", count, self.follower.version)
+            step, wall = self.applied_tokens, time.time()  # the run's common x-axis
+            self.tb.add_scalar(f"follower/refused/{kind}", count, step, walltime=wall)
 
     def _write_metrics(self) -> None:
         """``follower{k}/metrics.json``: data-plane traffic and refusals by kind."""
@@ -241,7 +259,7 @@ class FollowerNode:
                 seconds = time.perf_counter() - t0
         for c in commands:
             if isinstance(c, m.Send) and isinstance(c.event, m.FollowerLost):
-                print(f"follower {self.k}: {c.event.reason}: joining again", flush=True)
+                log.warning("%s: joining again", c.event.reason)
         return self.carry_out(commands, seconds)
 
     def carry_out(self, commands: list[m.Command], apply_s: float = 0.0) -> bool:
@@ -260,7 +278,7 @@ class FollowerNode:
                 self.control.call(c.event)
             elif isinstance(c, m.Exit):
                 self.exit_code = int(c.code)
-                print(f"follower {self.k}: {c.reason}", flush=True)
+                log.info("exits (%d): %s", self.exit_code, c.reason)
                 return False
         if after is not None:
             after()
@@ -279,6 +297,7 @@ class FollowerNode:
         try:
             self.ckpt.save(version, (st.params, st.opt_state), meta)
             self.ckpt.wait()
+            log.debug("checkpoint of version %d saved", version)
         except Exception as e:
             raise SystemExit(
                 f"follower {self.k}: checkpoint of version {version} failed, "
@@ -341,10 +360,10 @@ class FollowerNode:
         decision = m.from_json(doc["decide"])
         assert isinstance(decision, m.Decide), path
         if self.follower.restore_inputs(int(doc["version"]), decision, outer.unflatten(leaves)):
-            print(
-                f"follower {self.k}: holds the inputs of round {decision.round_id} "
-                f"(decided at version {doc['version']})",
-                flush=True,
+            log.info(
+                "holds the inputs of round %d (decided at version %s)",
+                decision.round_id,
+                doc["version"],
             )
 
     def _send_until_up(self, commands: list[m.Command]) -> None:
@@ -368,11 +387,27 @@ class FollowerNode:
         off the round's critical path: the decision log, timings and, every ``eval_every``
         versions, the shard for evaluation."""
         self._log_decision(d, a)
-        self.tb.add_scalar("follower/apply_s", apply_s, v)
+        accepted = [j for j, ok in zip(d.learners, d.accepted, strict=False) if ok]
+        log.info(
+            "applied round %d: version %d, learners %s accepted of %s, clip %s, in %.3f s%s",
+            a.round_id,
+            v,
+            accepted,
+            list(d.learners),
+            a.clip_factor,
+            apply_s,
+            ", checkpoint saved" if self.spec.checkpoints else "",
+        )
+        # TensorBoard against the tokens its versions hold (the run's common x-axis).
+        self.applied_tokens += sum(n for n, ok in zip(d.tokens, d.accepted, strict=True) if ok)
+        step, wall = self.applied_tokens, time.time()
+        self.tb.add_scalar("follower/apply_s", apply_s, step, walltime=wall)
+        self.tb.add_scalar("follower/version", v, step, walltime=wall)
         self._write_timing(v, apply_s)
         if self.spec.checkpoints and v % self.spec.sim.eval_every == 0:
             with self.lock:
-                self.save(f"v{v}")
+                path = self.save(f"v{v}")
+            log.info("saved version %d for evaluation: %s", v, path.name)
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -402,6 +437,7 @@ class FollowerNode:
             "accepted": list(d.accepted),
             "weights": list(d.weights),
             "clip_factor": a.clip_factor,
+            "tokens": sum(n for n, ok in zip(d.tokens, d.accepted, strict=True) if ok),
         }
         out = Path(self.spec.run_dir) / f"follower{self.k}"
         out.mkdir(parents=True, exist_ok=True)
@@ -437,33 +473,42 @@ class FollowerNode:
             self.busy = False
             if self.terminating:
                 return True
-            print(f"follower {self.k}: watch ended ({e.code()})", flush=True)
+            log.warning("watch ended (%s)", e.code())
             time.sleep(min(self.spec.heartbeat_interval, 1.0))
             return False
         return True
 
     def run(self) -> None:
+        log.info(
+            "serving the data plane on %s (%d tensors), at version %d",
+            self.address,
+            len(self.mine),
+            self.follower.version,
+        )
         with self.lock:
             commands = self.follower.start(time.monotonic(), self.restarted)
         self._send_until_up(commands)
+        log.info("joined the leader at %s", self.spec.leader)
         threading.Thread(target=self._heartbeats, daemon=True).start()
         try:
             while not self._serve():  # the stream broke: say so, join again once it is back
-                print(f"follower {self.k}: control plane lost; rejoining", flush=True)
+                log.warning("control plane lost; rejoining")
                 with self.lock:
                     commands = self.follower.leader_lost(time.monotonic())
                 self._send_until_up(commands)
             if self.spec.checkpoints:
                 with self.lock:
                     self.save("final")
+                log.info("saved its final shard (version %d)", self.follower.version)
             self.tb.close()
         finally:
             self.stop.set()
             self.data.close()
             self._write_metrics()
-            print(self.refusals.summary(), flush=True)
+            log.info(self.refusals.summary())
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
+            log.info("stopped at version %d", self.follower.version)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -491,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         help="shard at version 0: the model's initialization, or zeros (large-model benchmarks)",
     )
     args = parser.parse_args(argv)
+    logs.setup(f"follower{args.index}")
+    log.info("starting: resume %s, port %s", args.resume, args.port)
     resume = args.resume
     if resume is not None:
         if resume != "latest" and not resume.isdigit():

@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import hmac
 import json
+import logging
 import os
 import secrets
 import signal
@@ -56,7 +57,7 @@ from typing import Any
 import grpc
 
 from dipsjax.data.ledger import new_ledger
-from dipsjax.runtime import permissions
+from dipsjax.runtime import logs, permissions
 from dipsjax.runtime.client import TOKEN_KEY, keepalive_options
 from dipsjax.runtime.credentials import push_ticket
 from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
@@ -67,6 +68,8 @@ from dipsjax.syncer.tape import EventTape, phase_seconds
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
 from dipsjax.transport.refusals import RefusalLog
+
+log = logging.getLogger("dipsjax.runtime.leader")  # not __name__: "__main__" when run
 
 MAX_REQUEST_BYTES = 1 << 20
 #: A connection must finish its TLS and HTTP/2 handshakes within this (gRPC's default,
@@ -279,7 +282,7 @@ class LeaderNode:
         try:
             self._persist()
         except Exception as e:
-            print(f"leader: cannot persist its state, ending: {e!r}", flush=True)
+            log.error("cannot persist its state, ending: %r", e)
             os._exit(70)  # EX_SOFTWARE; from a gRPC handler thread, sys.exit would not do
         replies = []
         for a in actions:
@@ -414,6 +417,7 @@ class LeaderNode:
         for r in records:
             if self.began is None and r["kind"] == "membership" and r["event"] == "active":
                 self.began = r["t"]
+            self._log_record(r)
             if r["kind"] == "round":
                 self._log_round(r)
                 self.last_round = {
@@ -489,23 +493,73 @@ class LeaderNode:
             "refused": dict(sorted((ld.refused + self.refused).items())),
         }
 
+    def _log_record(self, r: dict) -> None:
+        """The log line of a tape record: each round (version, tokens, participants), each
+        membership change, a follower lost, a resume."""
+        kind = r["kind"]
+        if kind == "round":
+            parts = r["participants"]
+            tokens = sum(
+                p["meta"]["tokens"] for p, ok in zip(parts, r["accepted"], strict=False) if ok
+            )
+            learners = [p["learner"] for p in parts]
+            if r["applied"]:
+                log.info(
+                    "round %d applied: version %d, %d tokens from learners %s (%d of %d "
+                    "accepted), grace %.2f s",
+                    r["round_id"],
+                    r["version"],
+                    tokens,
+                    learners,
+                    sum(r["accepted"]),
+                    len(parts),
+                    r["grace"],
+                )
+            else:
+                log.info(
+                    "round %d not applied (version stays %d): pushes from learners %s, %d dropped",
+                    r["round_id"],
+                    r["version"],
+                    learners,
+                    len(r.get("dropped", [])),
+                )
+        elif kind == "membership":
+            extra = {k: v for k, v in r.items() if k not in ("kind", "t", "event", "learner")}
+            log.info("learner %s: %s %s", r["learner"], r["event"], extra)
+        elif kind == "follower" and r.get("event") == "lost":
+            log.warning("follower %s: lost (%s)", r.get("follower"), r.get("reason"))
+        elif kind == "follower":
+            log.info(
+                "follower %s: %s at version %s", r.get("follower"), r.get("event"), r.get("version")
+            )
+        elif kind == "resume":
+            log.info("resumed at version %s (reopened: %s)", r.get("version"), r.get("reopened"))
+
     def _log_round(self, r: dict) -> None:
+        """TensorBoard scalars of a round, against the tokens applied so far (the common
+        x-axis of every role's scalars), with the wall time."""
         tm = r["timings"]
-        step = r["version"]
-        self.tb.add_scalar("round/participants", len(r["participants"]), step)
-        self.tb.add_scalar("round/accepted", sum(r["accepted"]), step)
-        self.tb.add_scalar("round/grace_s", r["grace"], step)
+        step = self.leader.ledger.totals()["applied"]
+        wall = time.time()
+
+        def scalar(tag: str, value: float) -> None:
+            self.tb.add_scalar(tag, value, step, walltime=wall)
+
+        scalar("round/participants", len(r["participants"]))
+        scalar("round/accepted", sum(r["accepted"]))
+        scalar("round/grace_s", r["grace"])
+        scalar("round/version", r["version"])
         for kind, n in (self.leader.refused + self.refused).items():
-            self.tb.add_scalar(f"refused/{kind}", n, step)
+            scalar(f"refused/{kind}", n)
         if isinstance(r.get("clip_factor"), float):
-            self.tb.add_scalar("round/clip_factor", r["clip_factor"], step)
+            scalar("round/clip_factor", r["clip_factor"])
         for name, a, b in (
             ("push", "opened", "transfers_done"),
             ("update", "norms", "applied"),
             ("pull", "applied", "ended"),
         ):
             if isinstance(tm.get(a), float) and isinstance(tm.get(b), float):
-                self.tb.add_scalar(f"phase/{name}_s", tm[b] - tm[a], step)
+                scalar(f"phase/{name}_s", tm[b] - tm[a])
         self.tb.flush()
 
 
@@ -844,15 +898,13 @@ async def serve(
     node.loop = asyncio.get_running_loop()
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
-    log = RefusalLog(
-        REFUSAL_LOG_INTERVAL, emit=lambda line: print(line, flush=True), prefix="leader: "
-    )
-    caps = RpcCaps(*rpc_caps(spec), node.refused, log)
+    refusals = RefusalLog(REFUSAL_LOG_INTERVAL, emit=log.warning, prefix="")
+    caps = RpcCaps(*rpc_caps(spec), node.refused, refusals)
     server = grpc.aio.server(
         options=server_options(spec.heartbeat_interval),
         interceptors=[TokenCheck(spec.token, node.refused), caps],  # the token first
     )
-    add_service(SyncerService(node, log), server)
+    add_service(SyncerService(node, refusals), server)
     host, _, port = spec.leader.rpartition(":")
     host = spec.bind or host
     if spec.tls:
@@ -860,6 +912,17 @@ async def serve(
     else:
         server.add_insecure_port(f"{host}:{port}")
     await server.start()
+    log.info(
+        "listening on %s:%s (%s): %s, %d followers, %d learners, budget %d tokens%s",
+        host,
+        port,
+        "TLS" if spec.tls else "no TLS",
+        spec.sim.method,
+        len(spec.followers),
+        spec.sim.learners,
+        spec.sim.token_budget,
+        f"; resumed at version {node.leader.version}" if resume else "",
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         node.loop.add_signal_handler(sig, node.stopped.set)
 
@@ -872,21 +935,32 @@ async def serve(
     if node.leader.stopped:
         # Restarted after it persisted the job's final Stop: nothing is left to do but tell
         # whoever watches (they reconnect within a few heartbeats), then exit 0.
-        print(f"leader: the job had stopped ({node.final_stop().reason})", flush=True)
+        log.info("the job had stopped (%s)", node.final_stop().reason)
         linger = max(2.0, 3 * spec.heartbeat_interval)
         node.stopped.set()
     ticker = asyncio.create_task(ticks())
     await node.stopped.wait()
+    if node.leader.stopped:
+        log.info(
+            "the job stopped (%s) at version %d; %d tokens applied",
+            node.leader.stop_reason,
+            node.leader.version,
+            node.leader.ledger.totals()["applied"],
+        )
+    else:
+        log.info("stopping (signal) at version %d", node.leader.version)
     await asyncio.sleep(linger)
     ticker.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await ticker
     await server.stop(grace=2.0)
     write_cpu_seconds(Path(spec.run_dir) / "leader" / "cpu.json")
+    log.info("stopped")
 
 
 def main(argv: list[str] | None = None) -> int:
     permissions.private()  # what this process writes is its owner's alone
+    logs.setup("leader")
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
     parser.add_argument("--resume", action="store_true", help="restart from its snapshot")

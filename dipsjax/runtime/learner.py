@@ -50,6 +50,7 @@ import argparse
 import collections
 import contextlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -68,7 +69,7 @@ from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner, make_partition_mesh
 from dipsjax.learner.contribution import push_meta
-from dipsjax.runtime import permissions
+from dipsjax.runtime import logs, permissions, progress
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
@@ -78,6 +79,8 @@ from dipsjax.syncer import methods
 from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State
 from dipsjax.task import load_task
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
+
+log = logging.getLogger("dipsjax.runtime.learner")  # not __name__: "__main__" when run
 
 EVICTED = m.ExitCode.EVICTED  # exit code (EX_TEMPFAIL): start me again as a new incarnation
 UNREACHABLE = m.ExitCode.UNREACHABLE  # exit code (EX_UNAVAILABLE): my link is down
@@ -109,11 +112,26 @@ def retrying(fn: Any, what: str, patience: float = 60.0, on_error: Any = None) -
         except TRANSFER_ERRORS as e:
             if time.monotonic() > deadline or getattr(e, "refused", False):
                 raise  # out of patience, or refused for good (sending again cannot help)
-            print(f"{what} failed ({type(e).__name__}: {e}); trying again", flush=True)
+            log.warning("%s failed (%s: %s); trying again", what, type(e).__name__, e)
             time.sleep(0.5)
             if on_error is not None:
                 with contextlib.suppress(Exception):  # the leader may be away too
                     on_error()
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def _learning_rate(learner: Any, step: int) -> float | None:
+    """The inner learning rate at inner step ``step``: the schedule of the optimizer the
+    learner's inner step was built with (``None`` if it cannot say)."""
+    try:
+        from dipsjax.learner.step import learning_rate_schedule
+
+        return float(learning_rate_schedule(learner.inner.optimizer)(step))
+    except Exception:  # an inner step of another kind (a task's own optimizer)
+        return None
 
 
 def partition_mesh() -> Any:
@@ -163,7 +181,8 @@ class LearnerNode:
         flat = outer.flatten(params)
         self.paths = list(flat)
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
-        self.source = load_task(cfg).source
+        task = load_task(cfg)
+        self.source, self.task_name = task.source, task.name
         self.stream = BatchStream(self.source, source=self.next_chunk)
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
@@ -285,7 +304,7 @@ class LearnerNode:
             try:
                 v, params = self.pull(version, self.pull_data)
             except Exception as e:  # a follower is away past patience: the round goes on
-                print(f"learner {self.j}: background pull failed ({e})", flush=True)
+                log.warning("background pull failed (%s)", e)
                 continue
             self.inputs.put(("pulled", v, params))
 
@@ -304,6 +323,7 @@ class LearnerNode:
             todo.extendleft(reversed(more))
 
     def _one(self, c: m.Command) -> list[m.Command]:
+        self.phase(self.proto.state.value)  # the state this command carries out
         if isinstance(c, m.Send):
             return self._send(c.event)
         if isinstance(c, m.Train):
@@ -321,10 +341,13 @@ class LearnerNode:
         if isinstance(c, m.Exit):
             self.exit_code = int(c.code)
             what = {0: "stopped", 69: "unreachable", 75: "evicted", 78: "refused"}
-            print(
-                f"learner {self.j}: {what.get(self.exit_code, 'exit')} ({c.reason}) after "
-                f"{self.rounds} rounds (exit {self.exit_code})",
-                flush=True,
+            log.log(
+                logging.INFO if self.exit_code == 0 else logging.WARNING,
+                "%s (%s) after %d rounds (exit %d)",
+                what.get(self.exit_code, "exit"),
+                c.reason,
+                self.rounds,
+                self.exit_code,
             )
             return []
         raise TypeError(f"learner {self.j}: no way to carry out {c}")
@@ -367,7 +390,7 @@ class LearnerNode:
             return []  # an older stream's end: already handled (or SIGTERM: stopping)
         if self.job_stop is not None:  # the leader stopped the job, then went: done
             return self.proto.on_action(self.job_stop, self.now())
-        print(f"learner {self.j}: control plane lost ({e}); rejoining", flush=True)
+        log.warning("control plane lost (%s); rejoining", e)
         now = self.now()
         if self.lost_since is None:
             self.lost_since = now
@@ -417,17 +440,14 @@ class LearnerNode:
         self._count(contrib.tokens, t0, took)
         meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
         self.pulled = False
-        done = self.learner.tokens_done
-        self.tb.add_scalar("learner/train_loss", contrib.train_loss, done)
-        self.tb.add_scalar("learner/tokens_per_s", contrib.tokens / (speed * took), done)
-        self.tb.flush()  # a learner killed later still leaves its rounds' scalars
+        self._log_round(contrib, speed * took)
         return self.proto.on_trained(meta, self.now())
 
     def _push(self, plan: m.PushShards) -> list[m.Command]:
         try:
             self.push(plan, self.delta)
         except TRANSFER_ERRORS as e:
-            print(f"learner {self.j}: push of round {plan.round_id} failed ({e})", flush=True)
+            log.warning("push of round %d failed (%s)", plan.round_id, e)
             kind = getattr(e, "kind", None)
             replayed, nonfinite = kind == "replayed", kind == "nonfinite"
             up = () if replayed or nonfinite else self._followers_up()
@@ -453,6 +473,7 @@ class LearnerNode:
         v, params = self.pull(c.version)
         self.take(v, params, c.first)
         self.pulled = True
+        log.log(logging.INFO if joining else logging.DEBUG, "pulled version %d", v)
         if joining:
             for cl in self.data + self.pull_data:  # fault injection: the link was slow to join
                 if cl.rate is not None:
@@ -506,10 +527,8 @@ class LearnerNode:
         order = sorted(by_follower)
         self.pushes += 1
         if self.cut and self.pushes == 2:  # fault injection: the link cut mid-push
-            print(
-                f"learner {self.j}: link to follower {order[-1]} cut for {self.cut} s, "
-                f"round {plan.round_id}",
-                flush=True,
+            log.warning(
+                "link to follower %d cut for %s s, round %d", order[-1], self.cut, plan.round_id
             )
             link = self.data[order[-1]].link
             assert link is not None
@@ -517,7 +536,7 @@ class LearnerNode:
             self.armed = link
         if self.spec.push_pause > 0 and len(order) > 1:  # fault injection: a push cut mid-way
             one(order[0])
-            print(f"learner {self.j}: mid-push pause, round {plan.round_id}", flush=True)
+            log.warning("mid-push pause, round %d", plan.round_id)
             time.sleep(self.spec.push_pause)
             order = order[1:]
         try:
@@ -555,7 +574,7 @@ class LearnerNode:
         with self.moving:  # the push and the overlap puller may both look it up
             if moved is None or address(moved) == tuple(self.data[k].address):
                 return
-            print(f"learner {self.j}: follower {k} moved to {moved}", flush=True)
+            log.info("follower %d moved to %s", k, moved)
             self._move(k, moved)
 
     def _move(self, k: int, moved: str) -> None:
@@ -591,6 +610,7 @@ class LearnerNode:
         }
         state = self.compute.call("opt_state")  # on the host (gathered, if spread)
         self.ckpt.save(c.step, state, meta)
+        log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
 
     def restore(self, c: m.Restore) -> None:
         """Restores the checkpoint the protocol chose (``None``: none: start afresh on the
@@ -628,7 +648,7 @@ class LearnerNode:
         out = Path(self.spec.run_dir) / f"learner{self.j}"
         out.mkdir(parents=True, exist_ok=True)
         (out / "resumed.json").write_text(json.dumps(record))
-        print(f"learner {self.j}: resumed {record}", flush=True)
+        log.info("resumed %s", record)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -637,8 +657,62 @@ class LearnerNode:
         a version) on a round of zeros before joining, then puts the learner back as it
         was, so that compile time never counts as training time (the slowdown multiplies
         measured training time)."""
+        cfg = self.spec.sim
+        self.phase("compiling")
+        sample = self.source.batch(0, 0)
+        log.info(
+            "compiling: task %s, batch %s, %d inner steps a round",
+            self.task_name,
+            [tuple(x.shape) for x in jax.tree.leaves(sample)],
+            cfg.inner_steps,
+        )
+        t0 = time.perf_counter()
         # The round's shapes: a shorter round would compile another program.
-        self.compute.call("warm_up", self.source.batch(0, 0), self.spec.sim.inner_steps)
+        self.compute.call("warm_up", sample, cfg.inner_steps)
+        log.info("compiled in %.1f s", time.perf_counter() - t0)
+
+    def phase(self, name: str) -> None:
+        """``RUN_DIR/learner{j}/phase.json`` (:mod:`dipsjax.runtime.progress`), written
+        when the phase changes: what the launcher's console shows while learners compile."""
+        if getattr(self, "_phase", None) == name:
+            return
+        self._phase = name
+        with contextlib.suppress(OSError):  # the console's, never worth a learner's life
+            progress.write_phase(
+                self.spec.run_dir, self.j, name, incarnation=self.incarnation, rounds=self.rounds
+            )
+
+    def _log_round(self, contrib: Any, seconds: float) -> None:
+        """A trained round: its log line, and TensorBoard against the learner's own tokens
+        (with the wall time): the training loss, tokens/s, the learning rate of its last
+        inner step and the gradient norm (mean over its steps, before clipping)."""
+        done, wall = self.learner.tokens_done, time.time()
+        metrics = dict(getattr(self.compute, "metrics", None) or {})
+        lr = _learning_rate(self.learner, max(self.learner.steps_done - 1, 0))  # its last step
+        if lr is not None:
+            metrics["lr"] = lr
+        scalars = {
+            "learner/train_loss": contrib.train_loss,
+            "learner/tokens_per_s": contrib.tokens / max(seconds, 1e-9),
+            "learner/grad_norm": metrics.get("grad_norm"),
+            "learner/lr": metrics.get("lr"),
+        }
+        for tag, value in scalars.items():
+            if value is not None:
+                self.tb.add_scalar(tag, value, done, walltime=wall)
+        self.tb.flush()  # a learner killed later still leaves its rounds' scalars
+        log.info(
+            "trained %d steps from version %d: loss %.4f, grad norm %s, lr %s, %d tokens "
+            "(%d in all) in %.2f s",
+            contrib.steps,
+            contrib.base_version,
+            contrib.train_loss,
+            _fmt(metrics.get("grad_norm")),
+            _fmt(metrics.get("lr")),
+            contrib.tokens,
+            done,
+            seconds,
+        )
 
     def _count(self, tokens: int, started: float, compute: float) -> None:
         tr = self.trained
@@ -711,7 +785,8 @@ class LearnerNode:
     def wait_to_join(self, seconds: float) -> None:
         """A late learner (``joins``): compiled, it joins ``seconds`` after training began
         (the first learner active), as the simulator's late learners do after its start."""
-        print(f"learner {self.j}: joins {seconds:g} s after training began", flush=True)
+        self.phase("waiting to join")
+        log.info("joins %g s after training began", seconds)
         while not self.terminating:
             with contextlib.suppress(Exception):  # the leader may be starting
                 st = self.control.status(timeout=5.0)
@@ -733,8 +808,9 @@ class LearnerNode:
         try:
             self.execute(self.proto.start(self.now(), resume=self.resume))
             while self.proto.state is not State.EXITED:
+                self.phase(self.proto.state.value)
                 if self.terminating:
-                    print(f"learner {self.j}: SIGTERM after {self.rounds} rounds", flush=True)
+                    log.info("SIGTERM after %d rounds", self.rounds)
                     break
                 try:
                     item = self.inputs.get(timeout=0.2)
@@ -742,6 +818,7 @@ class LearnerNode:
                     continue
                 self.execute(self._input(item))
         finally:
+            self.phase("exited")
             self.write_stats()
             self.stop.set()
             self.tb.close()
@@ -762,9 +839,9 @@ def serve_partition(spec: RunSpec, j: int) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     compute, _ = partition_compute(spec, j)
     p = compute.partition
-    print(f"learner {j}: process {p.process_id} of {p.num_processes}: serving", flush=True)
+    log.info("process %d of %d: serving", p.process_id, p.num_processes)
     served = compute.serve()
-    print(f"learner {j}: process {p.process_id}: stopped after {served} calls", flush=True)
+    log.info("process %d: stopped after %d calls", p.process_id, served)
     out = Path(spec.run_dir) / f"learner{j}" / f"process{p.process_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"calls": served}))
@@ -780,9 +857,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solo", type=int, default=0, help="train this many rounds alone")
     parser.add_argument("--resume", action="store_true", help="restart from its checkpoints")
     args = parser.parse_args(argv)
+    pid = process_index()
+    logs.setup(f"learner{args.index}" + (f".p{pid}" if pid > 0 else ""))
     spec = RunSpec.read(args.spec)
     if process_index() > 0:
         return serve_partition(spec, args.index)
+    log.info("starting: incarnation %d%s", args.incarnation, ", resumed" if args.resume else "")
+    with contextlib.suppress(OSError):  # the console's: up, building its model
+        progress.write_phase(spec.run_dir, args.index, "starting", incarnation=args.incarnation)
     node = LearnerNode(spec, args.index, args.incarnation, args.resume)
 
     def on_term(*_: Any) -> None:

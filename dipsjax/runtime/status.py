@@ -6,8 +6,11 @@ It shows the version and rounds, the round in progress (its pushes and when its 
 window closes), the phase times of the last round (grace, push, update, pull, as the
 paper's production table), the members (state, incarnation, tokens, accepted pushes),
 the followers up, the token books against the budget, the throughput, and the refusals
-by kind. It refreshes every ``--every`` seconds until the job stops (or Ctrl-C);
-``--once`` prints one view, ``--json`` the leader's raw status.
+by kind; from the run folder, each learner's phase (``compiling``, ``training``...: its
+``phase.json``) and the newest validation points (``validation``: the evaluator's
+``eval.jsonl``, while the run trains). It refreshes every ``--every`` seconds until the
+job stops (or Ctrl-C); ``--once`` prints one view, ``--json`` the leader's raw status (with
+``validation`` and ``phases``).
 
 Run: ``dipsjax status runs/quickstart-TIME [--every 1] [--once] [--json]``.
 """
@@ -43,7 +46,7 @@ def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
     except (OSError, ValueError) as e:  # credentials missing, short, or loose
         raise StatusError(str(e)) from None
     try:
-        return client.status(timeout=timeout)
+        return with_run_files(client.status(timeout=timeout), run_dir, spec.sim.learners)
     except grpc.RpcError as e:
         code = e.code()
         if code == grpc.StatusCode.UNAUTHENTICATED:
@@ -58,6 +61,19 @@ def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
         raise StatusError(why) from None
     finally:
         client.close()
+
+
+def with_run_files(st: dict[str, Any], run_dir: str | Path, learners: int) -> dict[str, Any]:
+    """The leader's status with what the run folder says besides: ``validation`` (the
+    evaluator's newest points, oldest first, at most 5) and ``phases`` (each learner's
+    phase file, by learner)."""
+    from dipsjax.runtime import progress
+
+    st["validation"] = progress.read_validation(run_dir)[-5:]
+    st["phases"] = {
+        str(j): p.get("phase") for j, p in progress.read_phases(run_dir, learners).items()
+    }
+    return st
 
 
 def _seconds(x: float | None) -> str:
@@ -110,12 +126,34 @@ def render(st: dict[str, Any]) -> Any:
                 f"{_seconds(ph['pull'])}"
             )
         )
+    for p in st.get("validation", [])[-1:]:
+        tokens = "" if p.get("tokens") is None else f", {p['tokens']} tokens applied"
+        lines.append(
+            Text(
+                f"validation: val_loss {p['val_loss']:.4f} nats/token, val_bpb "
+                f"{p['val_bpb']:.3f} at version {p['version']}{tokens} "
+                f"({len(st['validation'])} recent points)",
+                style="green",
+            )
+        )
     if st.get("refused"):
         said = ", ".join(f"{k} {n}" for k, n in st["refused"].items())
         lines.append(Text(f"refused: {said}", style="yellow"))
-    table = Table("learner", "state", "incarnation", "tokens", "accepted")
-    for j, m in st["learners"].items():
-        table.add_row(j, m["state"], str(m["incarnation"]), str(m["tokens"]), str(m["accepted"]))
+    table = Table("learner", "state", "phase", "incarnation", "tokens", "accepted")
+    phases = st.get("phases", {})
+    for j in sorted({*st["learners"], *phases}, key=int):
+        m = st["learners"].get(j)
+        if m is None:  # not a member yet (compiling): its phase file alone
+            table.add_row(j, "-", str(phases[j]), "-", "-", "-")
+            continue
+        table.add_row(
+            j,
+            m["state"],
+            str(phases.get(j, "-")),
+            str(m["incarnation"]),
+            str(m["tokens"]),
+            str(m["accepted"]),
+        )
     return Group(*lines, table)
 
 

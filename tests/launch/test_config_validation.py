@@ -127,6 +127,10 @@ def _refused_up_front(tmp_path, override):
         ("sim.seed=-1", "sim.seed"),
         ("sim.batch_size=0", "sim.batch_size"),
         ("sim.validation_doc='nope'", "sim.validation_doc"),  # credentials/ was written
+        # Issue 19: a method the simulator has but the runtime's syncer not (its leader
+        # would crash-loop on it, burying the error): refused, the allowed ones named.
+        ("sim.method='dp'", "sim.method"),
+        ("sim.method='async_diloco'", "sim.method"),
     ],
 )
 def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing(
@@ -134,6 +138,10 @@ def test_dipsjax_run_refuses_a_bad_value_with_one_line_exit_2_and_writes_nothing
 ):
     line = _refused_up_front(tmp_path, override)
     assert f"config {field}: must be " in line
+    if field == "sim.method":
+        from dipsjax.syncer.methods import METHODS
+
+        assert all(repr(name) in line for name in METHODS) and "for `dipsjax run`" in line
     assert list(tmp_path.iterdir()) == []
 
 

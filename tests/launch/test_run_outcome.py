@@ -172,3 +172,85 @@ def test_the_local_launcher_and_a_cluster_count_one_learners_incarnations(tmp_pa
     snap.mkdir()
     (snap / "incarnations.json").write_text(json.dumps({"learner0": 3}))
     assert start_args("learner", 0, snap) == ["--incarnation", "3"]
+
+
+def test_a_role_failing_at_start_up_twice_with_the_same_error_stops_the_run_with_its_log(tmp_path):
+    """Issue 19: a role a config error kills at start-up (the leader of ``sim.method=dp``,
+    before ``dipsjax run`` refused it) was restarted until out of restarts, the launcher
+    saying only "see its log". Now the second failure at start-up with the same last log
+    line stops the run at once, the role's last log lines in the message; a failure with
+    another error, or a death by a signal, is restarted as before."""
+    import time
+
+    healer, started = _healer(tmp_path, False, leader=1)
+    log = tmp_path / "run" / "leader.log"
+    error = "ValueError: method must be one of ('dips', 'decoupled'), got 'dp'"
+
+    def dies(rc, last):
+        with log.open("a") as fh:
+            fh.write(f"2026-12-04 07:41:0{len(started)}.123 INFO leader: starting\n")
+            fh.write(f"Traceback (most recent call last):\n  File x, line 1\n{last}\n")
+        healer.procs.procs["leader"] = _Proc(rc)
+        healer.started_at["leader"] = time.monotonic()
+
+    dies(1, error)
+    healer.check()  # the first failure: restarted (no backoff here)
+    healer.check()
+    assert started == [("leader", "--resume", "--alone")]
+    dies(1, error)
+    with pytest.raises(RuntimeError) as info:
+        healer.check()
+    message = str(info.value)
+    assert "leader failed at start-up twice in a row with the same error (exit code 1)" in message
+    assert error in message and "Traceback (most recent call last):" in message
+    assert len(started) == 1  # not started a third time
+
+    # Another error the second time, or a kill by a signal: restarted as before.
+    healer, started = _healer(tmp_path / "b", False, leader=1)
+    log = tmp_path / "b" / "run" / "leader.log"
+    dies(1, error)
+    healer.check()
+    healer.check()
+    dies(1, "OSError: [Errno 98] Address already in use")
+    healer.check()
+    healer.check()
+    dies(-9, "OSError: [Errno 98] Address already in use")
+    healer.check()
+    healer.check()
+    assert len(started) == 3
+
+
+def test_the_console_line_shows_the_learners_phases_and_the_newest_validation(tmp_path):
+    """Issue 19: while learners compile (30-70 s) the console said only ``version 0 round 0
+    (idle)``; now it counts the learners by phase (their ``phase.json``), and shows the
+    evaluator's newest point."""
+    from dipsjax.runtime import progress
+
+    run_dir = tmp_path / "run"
+    spec = types.SimpleNamespace(
+        run_dir=str(run_dir), sim=SimConfig(learners=4, followers=1, token_budget=1000)
+    )
+    run_dir.mkdir()
+    line = run.console_line(spec, 3.0)  # nothing written yet: the leader is starting
+    assert "leader starting" in line and "learners: 4 not started" in line
+    for j, phase in enumerate(("compiling", "compiling", "starting")):
+        progress.write_phase(run_dir, j, phase)
+    assert "learners: 1 not started, 1 starting, 2 compiling" in run.console_line(spec, 9.0)
+    (run_dir / "leader").mkdir()
+    status = {
+        "version": 3,
+        "rounds": 4,
+        "phase": "idle",
+        "tokens": {"reported": 600, "rejected": 0},
+        "budget": 1000,
+        "learners": {"0": {"state": "training", "tokens": 300}},
+    }
+    (run_dir / "leader" / "status.json").write_text(json.dumps(status))
+    for j in range(4):
+        progress.write_phase(run_dir, j, "training" if j < 3 else "waiting")
+    point = {"version": 2, "tokens": 400, "val_loss": 3.5, "val_bpb": 5.05, "t": 1.0}
+    (run_dir / "eval.jsonl").write_text(json.dumps(point) + "\n")
+    line = run.console_line(spec, 60.0)
+    assert line.startswith("[  60.0s] version 3 round 4 (idle), tokens 600/1000")
+    assert "| learners: 3 training, 1 waiting |" in line
+    assert "val_loss 3.5000 (5.050 bpb) at version 2" in line and "L0: training 300 tok" in line

@@ -316,7 +316,7 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
     # A round open when it died was discarded whole: nothing half applied (the replay and
     # the followers' identical decision logs in _check_run say the same).
     log = (run / "logs" / "follower1.log").read_text()
-    assert f"follower 1: resumed at version {joined[0]['version']}" in log
+    assert f"follower1: resumed at version {joined[0]['version']}" in log
     port = _status(run)["follower_addresses"]["1"].rpartition(":")[2]
     assert (port == spec.followers[1].rpartition(":")[2]) == (not moved)
     if moved:  # learners found it, and it served their pushes and pulls from there
@@ -344,8 +344,8 @@ def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_i
     _only_restart(run, "follower1")
     r, v = st["round"]["id"], st["version"]
     log = (run / "logs" / "follower1.log").read_text()
-    assert f"follower 1: resumed at version {v}" in log
-    assert f"follower 1: holds the inputs of round {r} (decided at version {v})" in log
+    assert f"follower1: resumed at version {v}" in log
+    assert f"follower1: holds the inputs of round {r} (decided at version {v})" in log
     (applied,) = [x for x in tape.round_records() if x.round_id == r]
     assert applied.applied and applied.version == v + 1
     decisions = (run / "follower1" / "decisions.jsonl").read_text().splitlines()

@@ -33,7 +33,7 @@ def test_resume_latest_before_the_first_checkpoint_starts_at_version_zero(tmp_pa
         out = (tmp_path / "follower.log").read_text()
         assert proc.poll() is None, f"the follower ended (rc {proc.returncode}):\n{out[-2000:]}"
         assert step0.is_dir(), out[-2000:]
-        assert "follower 0: no checkpoint to resume from in" in out
+        assert "follower0: no checkpoint to resume from in" in out
         assert "starting at version 0" in out
     finally:
         proc.terminate()

@@ -1,6 +1,7 @@
 """The runtime with real processes: a leader, 2 followers and 2 learners over gRPC and TCP."""
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -34,7 +35,12 @@ def _alive(pids):
     ],
     ids=["dips", "sync_diloco", "decoupled_overlap"],
 )
-def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path, method, extra):
+def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(
+    tmp_path, method, extra, monkeypatch, capsys
+):
+    from dipsjax.launch import run
+
+    monkeypatch.setattr(run, "PROGRESS_EVERY", 1.0)  # the console's lines, every second
     sim = SimConfig(
         method=method,
         learners=2,
@@ -44,7 +50,8 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
         **extra,
     )
     spec = make_spec(sim, tmp_path / "run", heartbeat_interval=1.0)
-    summary = launch(spec, timeout=400, progress=False)
+    summary = launch(spec, timeout=400)
+    console = capsys.readouterr().out
     # The leader stopped at its budget (pushes still waiting then were dropped, not merged).
     tokens = summary["leader_tokens"]
     assert tokens["reported"] >= sim.token_budget and summary["applied"] >= 2
@@ -101,6 +108,50 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(tmp_path
         assert any(not p.meta.pulled for r in tape.round_records() for p in r.participants)
     _assert_no_secret_outside_the_credentials(spec)
     _assert_private(spec, version)
+    _assert_watched(spec, console)
+
+
+def _assert_watched(spec, console):
+    """Issue 19: every role's log has its main events, each line with its time, level and
+    role; the console showed the learners compiling, then training; the evaluator ran
+    beside the roles, and ended with them."""
+    import re
+
+    from dipsjax.runtime import logs, progress
+
+    run_dir = Path(spec.run_dir)
+    line = re.compile(logs.LINE)
+    expected = {
+        "leader": [r"listening on 127\.0\.0\.1:\d+", r"round \d+ applied: version \d+, \d+ tokens"],
+        "follower0": [r"serving the data plane on", r"applied round \d+: version \d+"],
+        "learner0": [r"compiling: model", r"compiled in", r"trained \d+ steps .* grad norm"],
+        "evaluator": [r"watching .* for versions"],
+    }
+    expected["leader"].append(r"the job stopped \(token budget")
+    expected["follower0"].append(r"stopped at version \d+")
+    expected["learner0"].append(r"stopped \(the job stopped")
+    for role, events in expected.items():
+        text = (run_dir / "logs" / f"{role}.log").read_text()
+        ours = [x for x in text.splitlines() if re.search(r" (DEBUG|INFO|WARNING|ERROR) ", x)]
+        assert ours and all(line.match(x) for x in ours), (role, text[-2000:])
+        assert all(f" {role}: " in x for x in ours if line.match(x)), role
+        for event in events:
+            assert any(re.search(line.pattern + event, x) for x in ours), (role, event, text)
+    # The console: each learner's phase, compiling first, then training.
+    lines = [x.split(" | ")[1] for x in console.splitlines() if " | learners: " in x]
+    compiling = [i for i, x in enumerate(lines) if " compiling" in x]
+    training = [i for i, x in enumerate(lines) if " training" in x]
+    assert compiling and training and compiling[0] < training[-1], console[-3000:]
+    assert progress.read_phases(run_dir, spec.sim.learners)[0]["phase"] == "exited"
+    # The evaluator (at the lowest CPU priority) reported the initialization (or, had it
+    # no CPU until a version was saved, that version), then what versions it could as they
+    # were saved: finite, while the job ran (before the end-of-run timeline was drawn).
+    points = progress.read_validation(run_dir)
+    ended = (run_dir / "timeline.png").stat().st_mtime
+    assert points, (run_dir / "logs" / "evaluator.log").read_text()
+    for p in points:
+        assert p["version"] % spec.sim.eval_every == 0 and math.isfinite(p["val_loss"])
+        assert p["val_bpb"] > 0 and p["time"] < ended
 
 
 def _assert_private(spec, version):

@@ -75,6 +75,27 @@ def test_status_shows_members_versions_rounds_phases_books_and_refusals(run, cap
     assert "last round 0 (applied, 1 pushes)" in out and "6244" in out
 
 
+def test_status_shows_each_learners_phase_and_the_newest_validation(run, capsys):
+    """Issue 19: besides the leader's view, the learners' phase files (a learner that is
+    compiling is no member yet) and the evaluator's ``eval.jsonl``."""
+    from dipsjax.runtime import progress
+
+    run_dir, spec = run
+    _drive_one_round(spec)
+    progress.write_phase(run_dir, 0, "training")
+    progress.write_phase(run_dir, 1, "compiling")
+    point = {"version": 1, "tokens": 6144, "val_loss": 3.21, "val_bpb": 4.631, "t": 2.0}
+    (run_dir / progress.EVAL_FILE).write_text(json.dumps(point) + "\n" + '{"version": 2, "va')
+    assert status_cmd.main([str(run_dir), "--json", "--timeout", "30"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["validation"] == [point]  # the line still being written is left out
+    assert st["phases"] == {"0": "training", "1": "compiling"}
+    assert status_cmd.main([str(run_dir), "--once", "--timeout", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "validation: val_loss 3.2100 nats/token, val_bpb 4.631 at version 1" in out
+    assert "compiling" in out and "training" in out
+
+
 def test_status_needs_the_jobs_credentials_and_a_running_leader(run, tmp_path, capsys):
     run_dir, spec = run
     other = credentials.create(tmp_path / "other")

@@ -1,0 +1,77 @@
+"""The evaluator (issue 19): validation of the versions the followers save, as they appear,
+reported in ``RUN_DIR/eval.jsonl`` and TensorBoard (``tb/eval``), off the learners' path."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dipsjax import outer
+from dipsjax.launch.run import make_spec
+from dipsjax.runtime import evaluator, progress
+from dipsjax.runtime.tbread import scalars
+from dipsjax.sim.config import SimConfig
+
+pytestmark = [pytest.mark.integration]
+
+
+def _save(run_dir, version, params):
+    """Version ``version`` as its follower saves it (``follower0/vV.npz``)."""
+    out = run_dir / "follower0"
+    out.mkdir(parents=True, exist_ok=True)
+    arrays = {"/".join(p): np.asarray(x) for p, x in outer.flatten(params).items()}
+    np.savez(out / f"v{version}.npz", __version__=np.asarray(version), **arrays)
+
+
+def _round(version, tokens):
+    participant = {"learner": 0, "meta": {"tokens": tokens}}
+    return {
+        "kind": "round",
+        "version": version,
+        "applied": True,
+        "participants": [participant],
+        "accepted": [True],
+        "timings": {"ended": float(version)},
+    }
+
+
+def test_the_evaluator_reports_each_new_version_and_ends_with_the_job(tmp_path):
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(learners=1, followers=1, eval_every=2), run_dir)
+    ev = evaluator.Evaluator(spec)
+    # Nothing saved yet: the initialization first (the baseline).
+    first = ev.step()
+    assert first["version"] == 0 and first["tokens"] == 0 and math.isfinite(first["val_loss"])
+    assert ev.step() is None  # nothing new
+    init = ev.world.init_params
+    # A shard being written is tried again later, not taken.
+    (run_dir / "follower0").mkdir()
+    (run_dir / "follower0" / "v2.npz").write_bytes(b"PK\x03\x04 half a file")
+    assert ev.step() is None
+    # Two versions saved meanwhile: the newest is evaluated (the older one skipped).
+    _save(run_dir, 2, init)
+    moved = {
+        k: v * 0.5 if k == ("embed", "embedding") else v for k, v in outer.flatten(init).items()
+    }
+    _save(run_dir, 4, outer.unflatten(moved))
+    (run_dir / "tape.jsonl").write_text(
+        "\n".join(json.dumps(_round(v, 100 * v)) for v in (1, 2, 3, 4)) + '\n{"kind": "rou'
+    )
+    point = ev.step()
+    assert point["version"] == 4 and point["tokens"] == 100 + 200 + 300 + 400
+    assert point["t"] == 4.0 and math.isfinite(point["val_loss"]) and point["val_bpb"] > 0
+    assert point["val_loss"] != first["val_loss"]
+    lines = progress.read_validation(run_dir)
+    assert [p["version"] for p in lines] == [0, 4] and lines[-1] == point
+    assert "at version 4" in progress.validation_text(lines)
+    # Once the job has stopped and nothing newer is saved, it ends; a new evaluator of the
+    # same run (a resumed launch) takes up where it stopped.
+    (run_dir / "leader").mkdir(exist_ok=True)
+    (run_dir / "leader" / "snapshot.json").write_text(json.dumps({"stopped": True}))
+    ev.run(poll=0.01)
+    tb = scalars(run_dir / "tb" / "eval")  # (whole once the writer is closed)
+    assert [s for s, _ in tb["live/val_loss"]] == [0, 1000]  # against the tokens applied
+    assert tb["live/val_bpb"][-1][1] == pytest.approx(point["val_bpb"], rel=1e-6)
+    again = evaluator.Evaluator(spec)
+    assert again.done == {0, 4} and again.pending() is None

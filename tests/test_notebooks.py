@@ -3,11 +3,17 @@
 Notebooks run on their tiny settings: the kernel inherits ``DIPSJAX_NOTEBOOK_TINY=1`` and
 writes what it produces under ``DIPSJAX_NOTEBOOK_OUT`` (a temporary folder). Notebooks with
 an entry in ``CHECKS`` are then checked against what they wrote and displayed.
+
+Each notebook is what its builder (colabs/_build_NAME.py) writes, byte for byte, and opens
+with an "Open in Colab" badge and an install cell that does something on Colab only.
 """
 
 import json
 import math
 import pathlib
+import subprocess
+import sys
+import types
 
 import nbformat
 import pytest
@@ -128,11 +134,32 @@ def _check_local_cluster(nb, out):
         assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z", pid
 
 
+def _check_own_task(nb, out):
+    """The user's task trained across a job to its budget, its validation loss fell, the
+    export holds the model's parameters, and both figures were shown."""
+    work = out / "own_task"
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    spec = json.loads((work / "run" / "spec.json").read_text())
+    assert spec["sim"]["task"] == "my_task:get_task"
+    books = summary["leader_tokens"]
+    assert books["reported"] >= spec["sim"]["token_budget"] == 2 * 8 * 32 * 6
+    curve = [p["val_loss"] for p in summary["curve"]]
+    assert curve[-1] < 0.5 * curve[0], curve
+    meta = json.loads((work / "export" / "meta.json").read_text())
+    assert meta["version"] == summary["curve"][-1]["version"]
+    assert (work / "export" / "params.safetensors").stat().st_size > 0
+    assert len(_outputs(nb, "image/png")) >= 2
+
+
 CHECKS = {
     "heterogeneity.ipynb": _check_heterogeneity,
     "goodput.ipynb": _check_goodput,
     "local_cluster.ipynb": _check_local_cluster,
+    "own_task.ipynb": _check_own_task,
 }
+
+#: The notebooks that read a text corpus: on Colab their install cell fetches it (pip only).
+CORPUS_NOTEBOOKS = {"event_tape", "heterogeneity", "local_cluster"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
@@ -158,7 +185,45 @@ def test_notebook_executes(path, tmp_path, monkeypatch):
 def test_notebooks_exist():
     names = {p.name for p in NOTEBOOKS}
     assert {"outer_transforms.ipynb", "event_tape.ipynb", "heterogeneity.ipynb"} <= names
-    assert {"goodput.ipynb", "local_cluster.ipynb"} <= names
+    assert {"goodput.ipynb", "local_cluster.ipynb", "own_task.ipynb"} <= names
     # Each notebook is written by its builder (colabs/_build_NAME.py).
     for p in NOTEBOOKS:
         assert (ROOT / "colabs" / f"_build_{p.stem}.py").is_file(), p.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_what_its_builder_writes(path, tmp_path):
+    out = tmp_path / path.name
+    subprocess.run(
+        [sys.executable, str(ROOT / "colabs" / f"_build_{path.stem}.py"), str(out)],
+        cwd=ROOT,
+        check=True,
+    )
+    assert out.read_bytes() == path.read_bytes(), f"run python colabs/_build_{path.stem}.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_opens_in_colab_and_installs_there_only(path, monkeypatch):
+    """The badge opens this notebook of the main branch in Colab; the install cell runs
+    ``pip install`` of dipsjax (and the pip-only fetch of the corpus it reads) when
+    ``google.colab`` is imported, and nothing elsewhere."""
+    nb = nbformat.read(path, as_version=4)
+    first, install = nb.cells[0], nb.cells[1]
+    url = f"https://colab.research.google.com/github/dipsjax/dipsjax/blob/main/colabs/{path.name}"
+    assert first.cell_type == "markdown"
+    assert first.source.startswith(
+        f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+    )
+    assert install.cell_type == "code" and '"google.colab" in sys.modules' in install.source
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd[1:]))
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    exec(install.source, {})
+    assert calls == []  # not on Colab: nothing
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    exec(install.source, {})
+    fetch = [["-m", "dipsjax.data.fetch", "shakespeare"]] if path.stem in CORPUS_NOTEBOOKS else []
+    assert calls == [
+        ["-m", "pip", "install", "-q", "dipsjax[run] @ git+https://github.com/dipsjax/dipsjax"],
+        *fetch,
+    ]

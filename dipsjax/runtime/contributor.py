@@ -129,7 +129,8 @@ def check_counts(spec: RunSpec, tokens: int, steps: int) -> None:
 
 
 def as_flat(params: Any) -> dict[tuple[str, ...], np.ndarray]:
-    """A nested dict (or ``nnx.State``) of arrays as ``{path: FP32 host array}``."""
+    """A nested dict (or ``nnx.State``) of arrays as ``{path: FP32 host array}``, copies
+    (the caller may go on changing its own arrays in place)."""
     import jax
     from flax import nnx
 
@@ -142,7 +143,7 @@ def as_flat(params: Any) -> dict[tuple[str, ...], np.ndarray]:
             f"params must be a nested dict of arrays, got {type(params).__name__}"
         )
     flat = outer.flatten(params)
-    return {p: np.asarray(jax.device_get(x), np.float32) for p, x in flat.items()}
+    return {p: np.array(jax.device_get(x), np.float32) for p, x in flat.items()}
 
 
 @dataclasses.dataclass

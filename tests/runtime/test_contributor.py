@@ -142,12 +142,7 @@ def _user_loop(spec, out):
         own = jax.tree.map(lambda x: np.asarray(x, np.float32), params_to_dict(template))
         jax.block_until_ready(step(own, tx.init(own), source.batch(0, 0))[2])
 
-        # This test's user starts once the built-in learner has joined (else, compiled
-        # first in this process, the loop alone would train the whole budget).
         status = Path(spec.run_dir) / "leader" / "status.json"
-        while "0" not in _members(status):
-            time.sleep(0.2)
-        out["joined"] = time.monotonic()
         with Contributor(spec, learner=1) as c:
             params = c.pull()
             out["initial"] = params
@@ -161,6 +156,12 @@ def _user_loop(spec, out):
                     params, opt_state, loss = step(params, opt_state, batch)
                     losses.append(float(loss))
                     tokens += batch.shape[0] * (batch.shape[1] - 1)
+                # This test's user holds its first contribution until the built-in
+                # learner (a process that starts and compiles more slowly than this loop)
+                # has pushed once: else this loop alone could train the whole budget.
+                while not _members(status).get("0", {}).get("tokens"):
+                    time.sleep(0.2)
+                out.setdefault("first", time.monotonic())
                 before = c.version
                 params = c.contribute(
                     params, tokens=tokens, steps=c.inner_steps, loss=float(np.mean(losses))
@@ -190,7 +191,7 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
     if "error" in out:
         raise out["error"]
     print(
-        f"job: {time.monotonic() - t0:.1f} s (user joined at {out['joined'] - t0:.1f} s), "
+        f"job: {time.monotonic() - t0:.1f} s (first contribution at {out['first'] - t0:.1f} s), "
         f"user rounds {out['contributed']}"
     )
     # The launcher started learner 0 alone (no process, no log for learner 1).

@@ -99,10 +99,11 @@ def _members(status):
         return {}
 
 
-def _user_loop(spec, out):
+def _user_loop(spec, out, hook=None):
     """What a user brings: their own model, optimizer, data and loop (a hand-written optax
     AdamW over the tiny LLaMA, batches from the corpus's chunks in an order of their own),
-    with the contributor wrapped around it."""
+    with the contributor wrapped around it. ``hook(contributor, n)`` runs after its
+    ``n``-th contribution (a fault to inject)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -167,22 +168,22 @@ def _user_loop(spec, out):
                     params, tokens=tokens, steps=c.inner_steps, loss=float(np.mean(losses))
                 )
                 out["contributed"].append((before, tokens, c.done, c.version))
+                if hook is not None:
+                    hook(c, len(out["contributed"]))
             out["reported"] = c.reported
     except BaseException as e:  # the test's main thread reports it
         out["error"] = e
 
 
-@pytest.mark.integration
-@pytest.mark.slow
-def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
-    from dipsjax.launch.run import final_params, launch, make_spec
-    from dipsjax.syncer.tape import EventTape
+def _job(tmp_path, sim, hook=None):
+    """A job of ``sim`` whose learner 1 is :func:`_user_loop` in this process (a thread:
+    the launcher wants the main thread), learner 0 a process the launcher starts."""
+    from dipsjax.launch.run import launch, make_spec
 
-    sim = _sim(token_budget=2 * 16 * 512 * 4)
     run = tmp_path / "run"
     spec = make_spec(sim, run, heartbeat_interval=1.0)
     out = {"contributed": []}
-    user = threading.Thread(target=_user_loop, args=(spec, out), daemon=True)
+    user = threading.Thread(target=_user_loop, args=(spec, out, hook), daemon=True)
     user.start()
     t0 = time.monotonic()
     summary = launch(spec, timeout=240, progress=False, evaluate=False, external_learners=(1,))
@@ -194,6 +195,33 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
         f"job: {time.monotonic() - t0:.1f} s (first contribution at {out['first'] - t0:.1f} s), "
         f"user rounds {out['contributed']}"
     )
+    return run, spec, summary, out
+
+
+def _balanced(run, summary, learners=2):
+    """The token books from both sides: what each learner says the leader took (its own
+    file, across its processes) is what the leader booked for it, and they add up."""
+    tokens = summary["leader_tokens"]
+    status = json.loads((run / "leader" / "status.json").read_text())
+    for j in range(learners):
+        said = json.loads((run / f"learner{j}" / "reported.json").read_text())["tokens"]
+        assert said == status["learners"][str(j)]["tokens"] > 0, (j, status)
+    assert (
+        tokens["reported"]
+        == sum(status["learners"][str(j)]["tokens"] for j in range(learners))
+        == tokens["applied"] + tokens["rejected"] + tokens["dropped"]
+    )
+    return status
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
+    from dipsjax.launch.run import final_params
+    from dipsjax.syncer.tape import EventTape
+
+    sim = _sim(token_budget=2 * 16 * 512 * 4)
+    run, spec, summary, out = _job(tmp_path, sim)
     # The launcher started learner 0 alone (no process, no log for learner 1).
     assert set(summary["pids"]) == {"leader", "follower0", "follower1", "learner0"}
     assert not (run / "logs" / "learner1.log").exists()
@@ -221,20 +249,11 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
     assert {p.learner for p in rounds[-1].participants} <= {0, 1}
     # The books balance from both sides: what each learner says the leader took is what
     # the leader booked for it; the leader's own books add up; the budget was reached.
-    tokens = summary["leader_tokens"]
-    status = json.loads((run / "leader" / "status.json").read_text())
-    for j in range(2):
-        said = json.loads((run / f"learner{j}" / "reported.json").read_text())["tokens"]
-        assert said == status["learners"][str(j)]["tokens"] > 0, (j, status)
+    status = _balanced(run, summary)
     assert out["reported"] == status["learners"]["1"]["tokens"]
     sent = sum(t for _, t, _, _ in contributed)
     assert out["reported"] in (sent, sent - contributed[-1][1])  # the last one maybe unsent
-    assert (
-        tokens["reported"]
-        == sum(status["learners"][str(j)]["tokens"] for j in range(2))
-        == tokens["applied"] + tokens["rejected"] + tokens["dropped"]
-    )
-    assert tokens["reported"] >= sim.token_budget
+    assert summary["leader_tokens"]["reported"] >= sim.token_budget
     stats = json.loads((run / "learner1" / "stats.json").read_text())
     assert stats["reported"] == out["reported"] and stats["rounds"] >= 1
     # The model moved: the final version is not the one the user first pulled.
@@ -245,3 +264,45 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
     first, last = outer.flatten(out["initial"]), outer.flatten(params)
     assert set(first) == set(last)
     assert any(not np.array_equal(first[p], last[p]) for p in first)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_users_loop_rejoins_a_restarted_leader_as_a_learner_process_does(tmp_path):
+    """The leader is killed (SIGKILL) after the user's second contribution; the launcher
+    restarts it from its snapshot, and the contributor rejoins it as the same incarnation,
+    in the user's process, as the built-in learner does: the loop goes on, its later
+    contributions are taken, and it ends on the job's stop."""
+    import os
+    import signal
+
+    from dipsjax.syncer.tape import EventTape
+
+    killed = {}
+
+    def kill_leader(c, n):
+        if n == 2:
+            run = Path(c.spec.run_dir)
+            killed["t"] = json.loads((run / "leader" / "status.json").read_text())["t"]
+            os.kill(json.loads((run / "pids.json").read_text())["leader"], signal.SIGKILL)
+
+    sim = _sim(token_budget=2 * 16 * 512 * 6)
+    run, _spec, summary, out = _job(tmp_path, sim, kill_leader)
+    assert out["contributed"][-1][2]  # done: the job's stop, no exception
+    restarts = [json.loads(x) for x in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["role"] for r in restarts] == ["leader"], restarts  # learner 0 rejoined too
+    tape = EventTape.read(run / "tape.jsonl")
+    (resume,) = [r for r in tape.records if r["kind"] == "resume"]
+    assert resume["t"] >= killed["t"]
+    back = [r for r in tape.records if r["kind"] == "membership" and r["t"] >= resume["t"]]
+    assert {r["learner"] for r in back if r["event"] == "resume"} == {0, 1}, back
+    assert not [r for r in back if r["event"] in ("evict", "restart")], back
+    after = [
+        p
+        for r in tape.round_records()
+        if r.applied
+        for p, ok in zip(r.participants, r.accepted, strict=True)
+        if ok and p.learner == 1 and p.pushed_at > resume["t"]
+    ]
+    assert after and all(p.meta.incarnation == 0 for p in after)
+    _balanced(run, summary)

@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -63,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from dipsjax import outer
+from dipsjax.runtime import permissions
 from dipsjax.runtime.learner import LearnerNode
 from dipsjax.runtime.partition import Partition
 from dipsjax.runtime.spec import RunSpec
@@ -202,7 +204,7 @@ class ContributorNode(LearnerNode):
         params = outer.unflatten({p: jax.ShapeDtypeStruct(s, d) for p, (s, d) in shapes.items()})
         self.shapes = {p: tuple(s) for p, (s, _) in shapes.items()}
         side = _UserSide(methods.build(self.spec.sim.method).reference)
-        return side, params  # type: ignore[return-value]
+        return side, params
 
     def warm_up(self) -> None:
         pass  # nothing to compile: the user's loop is the user's
@@ -315,6 +317,7 @@ class Contributor:
         self._done = False
         self._closed = False
         self._shapes: dict | None = None
+        self._umask: int | None = None
 
     # -- the job's facts ---------------------------------------------------------------
 
@@ -347,16 +350,24 @@ class Contributor:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> Contributor:
-        """Builds the node and starts it in a thread: it joins the job and pulls."""
+        """Builds the node and starts it in a thread: it joins the job and pulls. Until
+        :meth:`close`, this process's umask is a run's (what the node writes in the run
+        folder is its owner's alone, or its group's: ``permissions.private``)."""
         if self._thread is not None:
             raise RuntimeError("this Contributor was started already")
-        incarnation = self.incarnation
-        if incarnation is None:
-            from dipsjax.launch.entry import start_args
+        self._umask = permissions.private()
+        try:
+            incarnation = self.incarnation
+            if incarnation is None:
+                from dipsjax.launch.entry import start_args
 
-            incarnation = int(start_args("learner", self.j, Path(self.spec.run_dir))[1])
-        self.incarnation = incarnation
-        self.node = ContributorNode(self, self.spec, self.j, incarnation)
+                incarnation = int(start_args("learner", self.j, Path(self.spec.run_dir))[1])
+            self.incarnation = incarnation
+            self.node = ContributorNode(self, self.spec, self.j, incarnation)
+        except BaseException:
+            os.umask(self._umask)
+            self._umask = None
+            raise
         self._shapes = self.node.shapes
         self._thread = threading.Thread(
             target=self._run, name=f"dipsjax-contributor-{self.j}", daemon=True
@@ -400,6 +411,9 @@ class Contributor:
         node.terminating = True
         threading.Thread(target=node.control.close, daemon=True).start()
         thread.join(timeout)
+        if self._umask is not None:
+            os.umask(self._umask)  # the caller's again
+            self._umask = None
 
     def __enter__(self) -> Contributor:
         return self.start()

@@ -441,14 +441,17 @@ def launch(
     evaluate: bool = True,
     resume: bool = False,
     experiment: Experiment | None = None,
+    external_learners: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Runs the job described by ``spec`` to its token budget with the local executor;
     returns the tape's summary. ``timeout``: seconds after which it stops every process and
     raises :class:`TimeoutError` (default: no limit). ``experiment``: its jobs (default:
-    ``role_jobs(spec)``, one CPU device a learner). With ``resume``, every process restarts
-    from its newest checkpoint in ``spec.run_dir`` (followers from the leader's version),
-    once the folder is as private as a new run's (one an older version wrote may be
-    ``0644``/``0755``)."""
+    ``role_jobs(spec)``, one CPU device a learner). ``external_learners``: learner ids it
+    neither starts nor restarts, left to processes of their own (a user's training loop
+    through :class:`~dipsjax.runtime.contributor.Contributor`). With ``resume``, every
+    process restarts from its newest checkpoint in ``spec.run_dir`` (followers from the
+    leader's version), once the folder is as private as a new run's (one an older version
+    wrote may be ``0644``/``0755``)."""
     if resume:
         group = permissions.group_access()
         if n := permissions.tighten(spec.run_dir, group):
@@ -458,7 +461,7 @@ def launch(
                 flush=True,
             )
     with permissions.restricted():  # every process it starts inherits the umask
-        return _launch(spec, timeout, progress, evaluate, resume, experiment)
+        return _launch(spec, timeout, progress, evaluate, resume, experiment, external_learners)
 
 
 def console_line(spec: RunSpec, elapsed: float, procs: Local | None = None) -> str:
@@ -501,7 +504,14 @@ def _launch(
     evaluate: bool,
     resume: bool,
     experiment: Experiment | None,
+    external_learners: tuple[int, ...] = (),
 ) -> dict[str, Any]:
+    outside = set(external_learners)
+    if not outside <= set(range(spec.sim.learners)):
+        raise ValueError(
+            f"external_learners {sorted(outside)}: the job's learners are 0 .. "
+            f"{spec.sim.learners - 1}"
+        )
     run_dir = permissions.make_dir(spec.run_dir)
     spec.write(run_dir / "spec.json")
     jobs_path = run_dir / "jobs.json"
@@ -533,7 +543,7 @@ def _launch(
 
         def start_learners() -> None:
             for j in range(spec.sim.learners):
-                if f"learner{j}" not in procs.procs:
+                if f"learner{j}" not in procs.procs and j not in outside:
                     # A learner without checkpoints (a run started from a snapshot) comes
                     # back as a new incarnation (``entry.incarnation``) and pulls.
                     has_ckpt = (run_dir / f"learner{j}" / "ckpt").exists()
@@ -546,7 +556,7 @@ def _launch(
         last = 0.0
         while True:
             time.sleep(0.1)
-            if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners:
+            if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners - len(outside):
                 start_learners()
             healer.check()  # restarts any role that exited while the job runs
             if procs.procs["leader"].poll() == 0 and healer.job_stopped():
@@ -678,6 +688,15 @@ def main(argv: list[str] | None = None) -> int:
         "0700/0600; or DIPSJAX_GROUP_ACCESS=1); the credentials stay yours alone",
     )
     parser.add_argument(
+        "--external-learner",
+        action="append",
+        type=int,
+        default=[],
+        metavar="J",
+        help="local: leave learner J to a process of your own (your training loop through "
+        "dipsjax.runtime.contributor.Contributor; see docs/own-loop.md); repeatable",
+    )
+    parser.add_argument(
         "--resume",
         default=None,
         metavar="RUN_DIR",
@@ -712,7 +731,12 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ValueError, KeyError) as e:
             parser.error(str(e))
         print(f"resuming {args.resume}: {spec.sim.method}", flush=True)
-        return _run_to_the_end(spec, resume=True, timeout=args.timeout)
+        return _run_to_the_end(
+            spec,
+            resume=True,
+            timeout=args.timeout,
+            external_learners=tuple(args.external_learner),
+        )
     # The whole config is validated before anything is written or started: a bad value
     # is one line on stderr naming the field, and exit code 2.
     try:
@@ -754,7 +778,12 @@ def main(argv: list[str] | None = None) -> int:
         experiment = Experiment(cfg.name, spec).add(role_jobs(spec, **requirements))
     except ValueError as e:
         parser.error(f"{args.config}: {e}")
-    return _run_to_the_end(spec, experiment=experiment, timeout=args.timeout)
+    return _run_to_the_end(
+        spec,
+        experiment=experiment,
+        timeout=args.timeout,
+        external_learners=tuple(args.external_learner),
+    )
 
 
 if __name__ == "__main__":

@@ -176,7 +176,7 @@ class LearnerNode:
     def __init__(self, spec: RunSpec, j: int, incarnation: int = 0, resume: bool = False) -> None:
         self.spec, self.j, self.incarnation, self.resume = spec, j, incarnation, resume
         cfg = spec.sim
-        self.compute, params = partition_compute(spec, j)
+        self.compute, params = self.make_compute()
         self.learner, self.reference = self.compute.learner, self.compute.reference
         flat = outer.flatten(params)
         self.paths = list(flat)
@@ -244,6 +244,11 @@ class LearnerNode:
             else 0
         )
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
+
+    def make_compute(self) -> tuple[Compute, dict]:
+        """Its computations and the parameters they start from (a hook:
+        :class:`~dipsjax.runtime.contributor.Contributor` puts a user's own loop here)."""
+        return partition_compute(self.spec, self.j)
 
     # -- control ---------------------------------------------------------------------
 

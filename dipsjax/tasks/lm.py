@@ -37,6 +37,7 @@ import functools
 import glob
 import math
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -150,7 +151,7 @@ def _task(
         return TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
 
     @functools.cache
-    def validation() -> tuple[list[np.ndarray], int, int]:
+    def validation() -> tuple[list[np.ndarray], int, float]:
         """The eval batches, their target tokens and the UTF-8 bytes those tokens spell."""
         return validation_set(
             corpus,
@@ -243,25 +244,29 @@ def validation_set(
     seq_len: int,
     data_dir: str | None = None,
     tokenizer: Any = None,
-) -> tuple[list[np.ndarray], int, int]:
+) -> tuple[list[np.ndarray], int, float]:
     """:func:`validation_batches`, the number of their target tokens and the UTF-8 bytes of
     the text those targets spell (exact: each byte of the held-out text is in one token).
 
-    ``ValueError`` if the tokenizer's tokens do not add up to the held-out text's bytes (a
-    tokenizer that normalizes text: its bits per byte cannot be measured exactly)."""
+    A tokenizer whose tokens do not add up to the held-out text's bytes (one that
+    normalizes text) gets, with a warning, the text's average bytes per token instead."""
     from dipsjax.data import ByteTokenizer, validation_data
 
     tok = tokenizer if tokenizer is not None else ByteTokenizer()
     val = validation_data(corpus, tokenizer=tok, data_dir=data_dir, validation_doc=validation_doc)
     batches = _batches(val.tokens, count, batch_size, seq_len)
     lengths = token_byte_lengths(tok)
-    total = int(lengths[val.tokens].sum())
-    if total != val.num_bytes:
-        raise ValueError(
-            f"the tokens of {tok!r} spell {total} bytes of the held-out text, which has "
-            f"{val.num_bytes}: bits per byte cannot be measured exactly with this tokenizer"
-        )
     n = count * batch_size * seq_len
+    if int(lengths[val.tokens].sum()) != val.num_bytes:
+        # A tokenizer that normalizes text: its tokens do not spell the text's bytes. The
+        # held-out text's average bytes per (text) token stands in for the batches'.
+        text_tokens = int(np.count_nonzero(val.tokens != tok.bos_id))
+        warnings.warn(
+            f"the tokens of {tok!r} do not spell the held-out text's bytes: bits per byte "
+            "use the text's average bytes per token, not the validation batches' own",
+            stacklevel=2,
+        )
+        return batches, n, n * val.num_bytes / text_tokens
     num_bytes = int(lengths[val.tokens[1 : n + 1]].sum())
     if num_bytes < 1:
         raise ValueError("the validation batches hold no text")

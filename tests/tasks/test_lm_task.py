@@ -155,3 +155,36 @@ def test_a_subword_run_trains_and_replays(data):
     assert res.final_bpb == load_task(cfg).bits_per_byte(res.final_loss)
     assert res.final_bpb < res.final_loss / math.log(2)  # more than a byte a token
     assert tree_equal(replay(cfg, res.tape), res.params)
+
+
+def test_a_tokenizer_that_drops_bytes_gets_the_average_bytes_per_token(data, tmp_path):
+    # Whitespace pre-tokenization drops the spaces: the tokens do not spell the text's bytes,
+    # so the held-out text's average bytes per token stands in (with a warning).
+    from tokenizers import Tokenizer as HF
+    from tokenizers import models, pre_tokenizers, trainers
+
+    hf = HF(models.BPE(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["[UNK]", "<pad>", "<bos>", "<eos>"], show_progress=False
+    )
+    hf.train_from_iterator([t[:100_000] for t in load_corpus_train()], trainer)
+    path = tmp_path / "words.json"
+    hf.save(str(path))
+    cfg = SimConfig()
+    task = lm.get_task(cfg, tokenizer=str(path))
+    tok = load_tokenizer(str(path))
+    assert task.model is lm_model(get_config("tiny", vocab_size=tok.vocab_size))
+    with pytest.warns(UserWarning, match="average bytes per token"):
+        assert len(task.validation) == cfg.eval_batches
+    val = validation_data(cfg.corpus, tokenizer=tok)
+    text_tokens = int((val.tokens != tok.bos_id).sum())
+    n = cfg.eval_batches * cfg.batch_size * cfg.seq_len
+    want = 2.0 * n / (math.log(2.0) * (n * val.num_bytes / text_tokens))
+    assert task.bits_per_byte(2.0) == pytest.approx(want, rel=1e-12)
+
+
+def load_corpus_train():
+    from dipsjax.data import load_corpus
+
+    return load_corpus("austen", "train").texts

@@ -260,3 +260,13 @@ def test_data_pipeline_tiny(tmp_path):
     # Peak resident memory at 16x over 1x: two sizes of one process kind (the tiny corpus
     # is 2 MiB at 16x, so even all of it in memory would stay near 1).
     assert 0.5 < fig["data_rss_ratio_16x"] < 2
+
+
+def test_tokenizers_tiny(tmp_path):
+    # The demo on a byte-level BPE and on bytes at equal training bytes: one BPE round of 2
+    # learners (H = 4) against the byte rounds covering as many bytes.
+    fig = run_benchmark("tokenizers", "--tiny", timeout=500, tmp_path=tmp_path)
+    expect(fig, ["val_bpb_byte", "val_bpb_bpe1024", "train_bytes_byte", "train_bytes_bpe1024"])
+    assert all(v > 0 for v in fig.values())
+    # Whole rounds each: the byte run's rounds are the nearest to the BPE's bytes.
+    assert abs(fig["train_bytes_byte"] / fig["train_bytes_bpe1024"] - 1) < 0.25

@@ -1,15 +1,44 @@
 """The built-in task: a LLaMA decoder (``SimConfig.model``) learning next-token prediction on
-a text corpus (``SimConfig.corpus``, byte tokens), the papers' setting.
+a text corpus (``SimConfig.corpus``), the papers' setting.
+
+Keyword arguments (``SimConfig.task_args``)::
+
+    get_task(cfg, tokenizer="byte", records=None)
+
+* ``tokenizer``: any spec :func:`~dipsjax.data.tokenizer.load_tokenizer` accepts: ``"byte"``
+  (the default: UTF-8 bytes), ``"bpe:1024"`` (a byte-level BPE of 1024 ids trained on the
+  corpus's train split and cached next to it), or the path of a ``tokenizer.json``. The
+  model's ``vocab_size`` follows a subword tokenizer's (``get_config(cfg.model,
+  vocab_size=tok.vocab_size)``); the byte tokenizer keeps the named configuration as is.
+* ``records``: ArrayRecord files of the tokenized train split's chunks (a file, a path
+  written in shards, a glob, or a list of those), read through grain one chunk at a time
+  (:class:`~dipsjax.data.records.RecordChunks`): each learner reads only the chunks it
+  leases, and memory does not grow with the corpus. Write them once with
+  :func:`write_records` (``python -m dipsjax.tasks.lm --write-records PATH --tokenizer
+  bpe:1024``) using the same corpus, tokenizer and ``chunk_len``. ``None``: the chunks are
+  tokenized in memory (:class:`~dipsjax.data.pipeline.TokenChunks`). Both give the same
+  batches, bit for bit.
 
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
-tokens (:class:`~dipsjax.data.pipeline.TokenChunks`); validation: the first
-``eval_batches`` batches of the held-out document, in nats per token and bits per byte.
+tokens; validation: the first ``eval_batches`` batches of the held-out document(s), in
+nats per token (the loss), and ``bits_per_byte`` exactly: ``loss * targets / (ln 2 *
+bytes)`` where ``targets`` are the validation batches' target tokens and ``bytes`` the
+UTF-8 bytes of the text those very tokens spell (for the byte tokenizer on one held-out
+document: ``loss / ln 2``).
+
+The task is built once per process for equal arguments (and data folder), so equal
+configs share one model factory and so one set of compiled steps.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import glob
 import math
+import os
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +46,20 @@ import numpy as np
 from dipsjax.task import Task
 
 
-def get_task(cfg: Any) -> Task:
-    """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)."""
+def get_task(
+    cfg: Any,
+    tokenizer: str | os.PathLike[str] = "byte",
+    records: str | os.PathLike[str] | Sequence[str] | None = None,
+) -> Task:
+    """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)
+    with ``tokenizer`` and, optionally, training chunks read from ``records`` (module doc)."""
     from dipsjax.data.fetch import data_dir
 
+    if not isinstance(tokenizer, str | os.PathLike):
+        raise TypeError(
+            f"lm task: tokenizer must be a spec ('byte', 'bpe:1024' or a tokenizer.json path), "
+            f"got {tokenizer!r}"
+        )
     return _task(
         str(data_dir()),  # where the corpus is read from: a key of the cache too
         cfg.model,
@@ -30,7 +69,45 @@ def get_task(cfg: Any) -> Task:
         cfg.batch_size,
         cfg.seq_len,
         cfg.eval_batches,
+        os.fspath(tokenizer),
+        _records_key(records),
     )
+
+
+def _records_key(records: Any) -> tuple[str, ...] | None:
+    if records is None:
+        return None
+    given = [records] if isinstance(records, str | os.PathLike) else list(records)
+    if not given or not all(isinstance(p, str | os.PathLike) for p in given):
+        raise TypeError(
+            f"lm task: records must be a path, a glob or a list of them, got {records!r}"
+        )
+    return tuple(os.fspath(p) for p in given)
+
+
+def record_files(records: Sequence[str]) -> list[str]:
+    """The ArrayRecord files ``records`` names: each a file, a path written in shards
+    (:func:`~dipsjax.data.records.resolve_paths`) or a glob (its matches, sorted)."""
+    from dipsjax.data.records import resolve_paths
+
+    files: list[str] = []
+    for p in records:
+        if not os.path.exists(p) and glob.has_magic(p):
+            matches = sorted(glob.glob(p))
+            if not matches:
+                raise FileNotFoundError(
+                    f"no ArrayRecord file matches {p}; write them with "
+                    "`python -m dipsjax.tasks.lm --write-records PATH --tokenizer SPEC`"
+                )
+            files.extend(matches)
+        else:
+            files.append(p)
+    try:
+        return resolve_paths(files)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{e} (or `python -m dipsjax.tasks.lm --write-records PATH --tokenizer SPEC`)"
+        ) from None
 
 
 @functools.lru_cache(maxsize=8)
@@ -43,37 +120,157 @@ def _task(
     batch_size: int,
     seq_len: int,
     eval_batches: int,
+    tokenizer: str = "byte",
+    records: tuple[str, ...] | None = None,
 ) -> Task:
+    from dipsjax.data import ByteTokenizer, load_tokenizer
     from dipsjax.learner.step import lm_loss, lm_model, tokens_in
     from dipsjax.model.configs import get_config
 
+    tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
+    if isinstance(tok, ByteTokenizer):
+        config = get_config(model)  # the named configuration, as ever (its 260 ids hold 259)
+        name = f"lm:{model}"
+    else:
+        config = get_config(model, vocab_size=tok.vocab_size)
+        name = f"lm:{model}:{tokenizer}"
+
     def data() -> Any:
-        from dipsjax.data import ByteTokenizer, train_chunks
+        if records is not None:
+            return _record_source(records, tok, chunk_len, batch_size, seq_len)
+        from dipsjax.data import train_chunks
         from dipsjax.data.pipeline import TokenChunks
 
         chunks = train_chunks(
             corpus,
             chunk_len=chunk_len,
-            tokenizer=ByteTokenizer(),
+            tokenizer=tok,
             data_dir=root,
             validation_doc=validation_doc,
         )
         return TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
 
-    def validation() -> list[np.ndarray]:
-        return validation_batches(
-            corpus, validation_doc, eval_batches, batch_size, seq_len, data_dir=root
+    @functools.cache
+    def validation() -> tuple[list[np.ndarray], int, float]:
+        """The eval batches, their target tokens and the UTF-8 bytes those tokens spell."""
+        return validation_set(
+            corpus,
+            validation_doc,
+            eval_batches,
+            batch_size,
+            seq_len,
+            data_dir=root,
+            tokenizer=tok,
         )
 
+    def metrics(loss: float) -> dict[str, float]:
+        _, targets, num_bytes = validation()
+        # bytes / targets is exactly 1.0 for byte tokens: then loss / ln 2, bit for bit.
+        return {"bits_per_byte": loss / (math.log(2.0) * (num_bytes / targets))}
+
     return Task(
-        name=f"lm:{model}",
-        model=lm_model(get_config(model)),
+        name=name,
+        model=lm_model(config),
         loss=lm_loss,
         data=data,
-        eval_batches=validation,
-        metrics=lambda loss: {"bits_per_byte": loss / math.log(2.0)},
+        eval_batches=lambda: validation()[0],
+        metrics=metrics,
         count=tokens_in,
     )
+
+
+def _record_source(
+    records: Sequence[str], tok: Any, chunk_len: int, batch_size: int, seq_len: int
+) -> Any:
+    from dipsjax.data.records import RecordChunks
+
+    files = record_files(records)
+    source = RecordChunks(files, batch_size=batch_size, seq_len=seq_len)
+    if source.chunk_len != chunk_len:
+        raise ValueError(
+            f"lm task: the records {', '.join(files)} hold chunks of {source.chunk_len} tokens, "
+            f"the config's chunk_len is {chunk_len} (write them again with --chunk-len)"
+        )
+    first = source.batch(0, 0)
+    if int(first.max()) >= tok.vocab_size or int(first.min()) < 0:
+        raise ValueError(
+            f"lm task: the records {', '.join(files)} hold ids outside [0, {tok.vocab_size}) "
+            f"of tokenizer {tok!r}: were they written with another tokenizer?"
+        )
+    return source
+
+
+def token_byte_lengths(tok: Any) -> np.ndarray:
+    """``int64[vocab_size]``: the UTF-8 bytes each id stands for in text (0 for specials).
+
+    Byte tokenizer: 1 for ids below 256. A byte-level BPE: the length of its token in the
+    byte-level alphabet (one character a byte). Other tokenizers: the UTF-8 length of the
+    id decoded alone."""
+    from dipsjax.data import ByteTokenizer
+
+    if isinstance(tok, ByteTokenizer):
+        lengths = np.zeros(tok.vocab_size, dtype=np.int64)
+        lengths[: ByteTokenizer.NUM_BYTES] = 1
+        return lengths
+    lengths = np.zeros(tok.vocab_size, dtype=np.int64)
+    hf = getattr(tok, "hf", None)
+    if hf is None:  # another Tokenizer: each id decoded alone
+        for i in range(tok.vocab_size):
+            lengths[i] = len(tok.decode([i]).encode("utf-8"))
+        return lengths
+    from tokenizers import pre_tokenizers
+
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())
+    special = set(getattr(tok, "special_ids", (tok.pad_id, tok.bos_id, tok.eos_id)))
+    added = {int(i) for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    for i in range(tok.vocab_size):
+        if i in special or i in added:
+            continue
+        piece = hf.id_to_token(i)
+        if piece is None:
+            continue
+        if piece and all(c in alphabet for c in piece):
+            lengths[i] = len(piece)
+        else:
+            lengths[i] = len(hf.decode([i], skip_special_tokens=True).encode("utf-8"))
+    return lengths
+
+
+def validation_set(
+    corpus: str,
+    validation_doc: str | None,
+    count: int,
+    batch_size: int,
+    seq_len: int,
+    data_dir: str | None = None,
+    tokenizer: Any = None,
+) -> tuple[list[np.ndarray], int, float]:
+    """:func:`validation_batches`, the number of their target tokens and the UTF-8 bytes of
+    the text those targets spell (exact: each byte of the held-out text is in one token).
+
+    A tokenizer whose tokens do not add up to the held-out text's bytes (one that
+    normalizes text) gets, with a warning, the text's average bytes per token instead."""
+    from dipsjax.data import ByteTokenizer, validation_data
+
+    tok = tokenizer if tokenizer is not None else ByteTokenizer()
+    val = validation_data(corpus, tokenizer=tok, data_dir=data_dir, validation_doc=validation_doc)
+    batches = _batches(val.tokens, count, batch_size, seq_len)
+    lengths = token_byte_lengths(tok)
+    n = count * batch_size * seq_len
+    if int(lengths[val.tokens].sum()) != val.num_bytes:
+        # A tokenizer that normalizes text: its tokens do not spell the text's bytes. The
+        # held-out text's average bytes per (text) token stands in for the batches'.
+        text_tokens = int(np.count_nonzero(val.tokens != tok.bos_id))
+        warnings.warn(
+            f"the tokens of {tok!r} do not spell the held-out text's bytes: bits per byte "
+            "use the text's average bytes per token, not the validation batches' own",
+            stacklevel=2,
+        )
+        return batches, n, n * val.num_bytes / text_tokens
+    num_bytes = int(lengths[val.tokens[1 : n + 1]].sum())
+    if num_bytes < 1:
+        raise ValueError("the validation batches hold no text")
+    return batches, n, num_bytes
 
 
 def validation_batches(
@@ -83,19 +280,24 @@ def validation_batches(
     batch_size: int,
     seq_len: int,
     data_dir: str | None = None,
+    tokenizer: Any = None,
 ) -> list[np.ndarray]:
-    """The first ``count`` batches ``int32[batch_size, seq_len + 1]`` of the held-out text,
-    consecutive windows of it (one token of overlap, as training sequences)."""
+    """The first ``count`` batches ``int32[batch_size, seq_len + 1]`` of the held-out text
+    (``tokenizer``'s tokens, bytes by default), consecutive windows of it (one token of
+    overlap, as training sequences)."""
     from dipsjax.data import ByteTokenizer, validation_data
 
-    val = validation_data(
-        corpus, tokenizer=ByteTokenizer(), data_dir=data_dir, validation_doc=validation_doc
-    )
+    tok = tokenizer if tokenizer is not None else ByteTokenizer()
+    val = validation_data(corpus, tokenizer=tok, data_dir=data_dir, validation_doc=validation_doc)
+    return _batches(val.tokens, count, batch_size, seq_len)
+
+
+def _batches(tokens: np.ndarray, count: int, batch_size: int, seq_len: int) -> list[np.ndarray]:
     n = count * batch_size * seq_len
-    rows = val.tokens[: n + 1]
+    rows = tokens[: n + 1]
     if rows.shape[0] < n + 1:
         raise ValueError(
-            f"the validation text has {val.tokens.shape[0]} tokens, fewer than the "
+            f"the validation text has {tokens.shape[0]} tokens, fewer than the "
             f"{n + 1} that eval_batches * batch_size * seq_len needs"
         )
     return [
@@ -107,3 +309,57 @@ def validation_batches(
         ).astype(np.int32)
         for b in range(count)
     ]
+
+
+def write_records(
+    path: str | os.PathLike[str],
+    *,
+    tokenizer: str | os.PathLike[str] = "byte",
+    corpus: str = "austen",
+    validation_doc: str | None = None,
+    chunk_len: int = 4096,
+    shards: int = 1,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> list[str]:
+    """Writes the train split's chunks (``tokenizer``'s tokens, ``chunk_len`` targets each)
+    as ArrayRecord files for ``task_args={"records": path, "tokenizer": ...}``; returns the
+    files written."""
+    from dipsjax.data import load_tokenizer, train_chunks
+    from dipsjax.data.fetch import data_dir as default_data_dir
+    from dipsjax.data.records import write_chunks
+
+    root = str(default_data_dir(data_dir))
+    tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
+    chunks = train_chunks(
+        corpus, chunk_len=chunk_len, tokenizer=tok, data_dir=root, validation_doc=validation_doc
+    )
+    return write_chunks(path, chunks, shards=shards)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m dipsjax.tasks.lm",
+        description="Write the language-model task's training chunks as ArrayRecord files "
+        "(then task_args={'records': PATH, 'tokenizer': SPEC}).",
+    )
+    parser.add_argument("--write-records", metavar="PATH", required=True)
+    parser.add_argument("--tokenizer", default="byte", help="'byte', 'bpe:1024' or a file")
+    parser.add_argument("--corpus", default="austen")
+    parser.add_argument("--validation-doc", default=None)
+    parser.add_argument("--chunk-len", type=int, default=4096)
+    parser.add_argument("--shards", type=int, default=1)
+    args = parser.parse_args(argv)
+    files = write_records(
+        args.write_records,
+        tokenizer=args.tokenizer,
+        corpus=args.corpus,
+        validation_doc=args.validation_doc,
+        chunk_len=args.chunk_len,
+        shards=args.shards,
+    )
+    print("\n".join(files))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -23,6 +23,7 @@ PAGES = (
     "index.md",
     "getting-started.md",
     "task.md",
+    "own-loop.md",
     "methods.md",
     "running.md",
     "faults.md",

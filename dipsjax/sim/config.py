@@ -25,7 +25,8 @@ class SimConfig:
     Task: ``task`` names the function that builds what is trained (model, loss, data,
     evaluation, optimizers: :class:`dipsjax.task.Task`) by import path,
     ``"package.module:function"``, called as ``function(config, **task_args)``; empty: the
-    built-in LLaMA language model (``model``, ``corpus``, ``seq_len``, ``chunk_len``).
+    built-in LLaMA language model (``model``, ``corpus``, ``seq_len``, ``chunk_len``; its
+    ``task_args``: ``tokenizer`` and ``records``, see :func:`dipsjax.tasks.lm.get_task`).
 
     Inner optimizer (unless the task brings its own): AdamW at ``inner_lr`` with
     ``inner_schedule`` (``constant``, ``cosine`` or ``linear`` decay over

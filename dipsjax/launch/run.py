@@ -60,6 +60,17 @@ from dipsjax.syncer.tape import EventTape, phase_seconds
 PROGRESS_EVERY = 5.0  # seconds between the console's progress lines
 
 
+def new_run_dir(runs: Path, name: str) -> Path:
+    """``runs/NAME-YYYYmmdd-HHMMSS``, with ``-2``, ``-3``... when runs started within the
+    same second (the folder must be new: it gets fresh credentials)."""
+    base = runs / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -755,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         except (KeyError, ValueError) as e:
             parser.error(f"{args.config}: {e}")
         return 0
-    run_dir = Path(args.out or Path.cwd() / "runs" / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir = Path(args.out) if args.out else new_run_dir(Path.cwd() / "runs", cfg.name)
     if args.executor != "local":
         from dipsjax.launch.cli import cluster
 

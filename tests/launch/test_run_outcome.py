@@ -64,7 +64,11 @@ def test_a_run_a_fault_stopped_exits_non_zero_with_the_reason(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert f"stopped short of its budget: {leader.stop_reason}" in out
     assert f"dipsjax run --resume {run_dir}" in out
-    assert seen == {"resume": True, "timeout": None}  # no time limit unless --timeout
+    assert seen == {
+        "resume": True,
+        "timeout": None,
+        "external_learners": (),
+    }  # no limit unless --timeout
 
     def gave_up(spec, **kw):
         raise RuntimeError("follower0 exited with code 1 after 3 restarts")
@@ -254,3 +258,18 @@ def test_the_console_line_shows_the_learners_phases_and_the_newest_validation(tm
     assert line.startswith("[  60.0s] version 3 round 4 (idle), tokens 600/1000")
     assert "| learners: 3 training, 1 waiting |" in line
     assert "val_loss 3.5000 (5.050 bpb) at version 2" in line and "L0: training 300 tok" in line
+
+
+def test_runs_started_within_one_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """``dipsjax run`` names its folder by the second it started; a second run in that
+    second got the first's folder and died on its credentials (the CI rehearsal saw it)."""
+    monkeypatch.setattr(run.time, "strftime", lambda fmt: "20261204-080000")
+    first = run.new_run_dir(tmp_path, "quickstart")
+    first.mkdir()
+    second = run.new_run_dir(tmp_path, "quickstart")
+    second.mkdir()
+    assert (first.name, second.name) == (
+        "quickstart-20261204-080000",
+        "quickstart-20261204-080000-2",
+    )
+    assert run.new_run_dir(tmp_path, "quickstart").name.endswith("-3")

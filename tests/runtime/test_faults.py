@@ -461,7 +461,13 @@ def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
     sim = _sim(learners=2, speeds=(1, 1.3))
     run = tmp_path / "run"
     launcher = _start(make_spec(sim, run), tmp_path)
-    _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)
+    # Both learners members (the slower one may still compile at version 2: it would then
+    # join the fresh run as its first incarnation, not come back as a new one).
+    _wait(
+        lambda: (st := _status(run))["version"] >= 2 and len(st["members"]) == 2,
+        "version 2 with both learners",
+        launcher,
+    )
     taken = snapshot.take(run, tmp_path / "snap")
     _finish(launcher, run)  # the original run goes on to its end, undisturbed
     v = taken["version"]

@@ -124,7 +124,7 @@ def _assert_watched(spec, console):
     expected = {
         "leader": [r"listening on 127\.0\.0\.1:\d+", r"round \d+ applied: version \d+, \d+ tokens"],
         "follower0": [r"serving the data plane on", r"applied round \d+: version \d+"],
-        "learner0": [r"compiling: model", r"compiled in", r"trained \d+ steps .* grad norm"],
+        "learner0": [r"compiling: task lm:tiny", r"compiled in", r"trained \d+ steps .* grad norm"],
         "evaluator": [r"watching .* for versions"],
     }
     expected["leader"].append(r"the job stopped \(token budget")

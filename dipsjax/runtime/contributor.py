@@ -306,6 +306,12 @@ class Contributor:
             raise ValueError(
                 f"learner {learner}: the job's learners are 0 .. {job.sim.learners - 1}"
             )
+        if job.sim.deal_chunks:
+            raise ValueError(
+                "sim.deal_chunks: the leader deals chunks to every learner in turn, and a "
+                "contributor never trains or settles them (the epoch would never end); "
+                "run a job with a contributor with deal_chunks=False"
+            )
         self.j = learner
         self.incarnation = incarnation
         self.node: ContributorNode | None = None

@@ -15,6 +15,7 @@ learner's phase and the validation of the versions the evaluator has seen.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -95,4 +96,6 @@ def validation_text(points: list[dict[str, Any]]) -> str:
     if not points:
         return ""
     p = points[-1]
-    return f"val_loss {p['val_loss']:.4f} ({p['val_bpb']:.3f} bpb) at version {p['version']}"
+    bpb = p.get("val_bpb")  # NaN (or absent) for a task that is not a language model
+    extra = f" ({bpb:.3f} bpb)" if isinstance(bpb, int | float) and math.isfinite(bpb) else ""
+    return f"val_loss {p['val_loss']:.4f}{extra} at version {p['version']}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -128,10 +129,11 @@ def render(st: dict[str, Any]) -> Any:
         )
     for p in st.get("validation", [])[-1:]:
         tokens = "" if p.get("tokens") is None else f", {p['tokens']} tokens applied"
+        bpb = p.get("val_bpb")  # NaN for a task that is not a language model
+        bpb = f", val_bpb {bpb:.3f}" if isinstance(bpb, int | float) and math.isfinite(bpb) else ""
         lines.append(
             Text(
-                f"validation: val_loss {p['val_loss']:.4f} nats/token, val_bpb "
-                f"{p['val_bpb']:.3f} at version {p['version']}{tokens} "
+                f"validation: val_loss {p['val_loss']:.4f}{bpb} at version {p['version']}{tokens} "
                 f"({len(st['validation'])} recent points)",
                 style="green",
             )

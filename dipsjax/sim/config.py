@@ -129,9 +129,11 @@ class SimConfig:
             args = tuple(sorted(args.items()))
         try:
             args = tuple((str(k), _frozen(v)) for k, v in args)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError) as e:
             raise ValueError(
-                f"SimConfig.task_args must be a dict of keyword arguments, got {self.task_args!r}"
+                "SimConfig.task_args must be a dict of keyword arguments whose values are "
+                f"numbers, strings, booleans, None or lists of them ({e}), got "
+                f"{self.task_args!r}"
             ) from None
         object.__setattr__(self, "task_args", args)
         checks = [
@@ -268,12 +270,13 @@ class SimConfig:
 
 
 def _frozen(value: Any) -> Any:
-    """A task argument as a hashable value (lists as tuples, dicts as sorted pairs)."""
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    """A task argument as a hashable value: a number, string, bool or None, or a list of
+    them (given as a tuple). A dict value is refused: the config keeps the arguments
+    hashable and JSON-exact, and a dict would come back as pairs."""
     if isinstance(value, list | tuple):
         return tuple(_frozen(v) for v in value)
-    hash(value)
+    if value is not None and not isinstance(value, bool | int | float | str):
+        raise ValueError(f"task argument of type {type(value).__name__}")
     return value
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from dipsjax.data import LocalLedger
@@ -51,13 +52,14 @@ def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -
         for j, p in enumerate(parts):
             if p.finished:
                 ledger.settle(str(j), [p.piece])
-        batch = np.concatenate([p.tokens for p in parts])
+        # One data-parallel batch: every learner's, concatenated leaf by leaf (any task).
+        batch = jax.tree.map(lambda *xs: np.concatenate(xs), *[p.tokens for p in parts])
         model.run_round([batch], num_steps=1)
         step = max(world.train_time(j, 1) for j in range(m))
         train_time += step
         t += step + allreduce
         comm += allreduce
-        tokens += batch.shape[0] * cfg.seq_len
+        tokens += len(parts) * world.source.tokens_per_batch
         steps += 1
         if steps % (cfg.inner_steps * cfg.eval_every) == 0:
             record()

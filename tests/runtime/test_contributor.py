@@ -40,6 +40,10 @@ def test_bad_counts_are_refused_before_anything_is_sent(tmp_path):
     assert not (tmp_path / "run").exists()  # nothing was written, started or sent
     with pytest.raises(ValueError, match=r"learners are 0 \.\. 1"):
         Contributor(spec, learner=2)
+    # Dealt chunks would stay leased to a contributor, which never trains them.
+    dealt = RunSpec(_sim(deal_chunks=True), "", (), "", str(tmp_path / "run"), (), 0, 1.0)
+    with pytest.raises(ValueError, match=r"sim\.deal_chunks"):
+        Contributor(dealt, learner=1)
 
 
 def _ended_by(code, reason, stopped=None):

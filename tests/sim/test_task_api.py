@@ -45,7 +45,8 @@ TASK = textwrap.dedent(
         model = lambda rngs: Lin(rngs)
         if broken == "state":
             model = lambda rngs: nnx.Sequential(Lin(rngs), nnx.BatchNorm(1, rngs=rngs))
-        return Task(name="lin", model=model, loss=loss, data=data,
+        val = [Source().batch(9, i) for i in range(2)]
+        return Task(name="lin", model=model, loss=loss, data=data, eval_batches=val,
                     inner_optimizer=optax.sgd(0.1) if sgd else None)
     """
 )
@@ -105,3 +106,24 @@ def test_a_task_path_without_a_function_is_refused_by_the_config():
     with pytest.raises(TypeError, match=re.escape("Task.model must be callable")):
         Task(name="x", model=None, loss=lambda m, b: 0.0, data=lambda: None)
     assert nnx  # (the module is imported by the tasks above)
+
+
+def test_data_parallel_trains_a_task_with_dict_batches(here):
+    """``method='dp'`` (one batch of every learner a step, concatenated leaf by leaf)
+    counts what the task's batches count: 8 a batch here, not ``batch_size * seq_len``."""
+    from dipsjax.sim.simulator import simulate
+
+    cfg = SimConfig(
+        method="dp", task="lin_task:get_task", learners=2, inner_steps=2, token_budget=64
+    )
+    res = simulate(cfg)
+    assert res.tokens.consumed == res.tokens.applied == 64  # 4 steps of 2 batches of 8
+    assert res.rounds == 4 and np.isfinite(res.final_loss)
+    assert np.isnan(res.final_bpb)  # no bits per byte: not a language model
+
+
+def test_task_arguments_are_scalars_or_lists():
+    cfg = SimConfig(task_args={"hidden": 8, "sizes": [1, 2], "name": "x"})
+    assert dict(cfg.task_args) == {"hidden": 8, "sizes": (1, 2), "name": "x"}
+    with pytest.raises(ValueError, match="task argument of type dict"):
+        SimConfig(task_args={"nested": {"a": 1}})

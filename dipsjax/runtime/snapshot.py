@@ -9,6 +9,11 @@
   cut back to that point);
 - every follower's checkpoint (shard and FP32 outer state) at version ``V``.
 
+A leader snapshot taken while a decided round is being carried out (its decision sent,
+the followers merging and applying) is not taken: the followers hold that round's inputs
+in memory only, so a copy could not redo it (a resumed job stopped on it). The leader
+writes a new snapshot as the round ends, and that one is taken instead.
+
 Why this is consistent, in the spirit of Decoupled DiLoCo's Chandy-Lamport snapshots: the
 leader's decisions are the only messages that change the followers' state, and a
 follower writes version ``V`` to disk before it tells the leader it applied it, so when
@@ -49,11 +54,20 @@ def take(run_dir: str | Path, dest: str | Path, attempts: int = 5) -> dict[str, 
     if not spec_path.exists():
         raise FileNotFoundError(f"snapshot: {spec_path} not found (not a run folder?)")
     spec = RunSpec.read(spec_path)
-    for attempt in range(attempts):
+    attempt, decided_until = 0, time.monotonic() + 60.0
+    while attempt < attempts:
         leader_snap = (run_dir / "leader" / "snapshot.json").read_text()  # written atomically
         state = json.loads(leader_snap)
         if "tape_records" not in state:
             raise ValueError("snapshot: the leader's snapshot does not say its tape length")
+        rnd = state.get("round")
+        if rnd is not None and rnd.get("decision") is not None and time.monotonic() < decided_until:
+            # A round decided and being carried out: the followers hold its inputs (the
+            # staged pushes) in memory, not in their checkpoints, so a copy cannot redo it.
+            # The leader snapshots again as the round ends; take that one.
+            time.sleep(0.05)
+            continue
+        attempt += 1
         version = int(state["version"])
         tmp = dest.with_name(dest.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -64,14 +78,14 @@ def take(run_dir: str | Path, dest: str | Path, attempts: int = 5) -> dict[str, 
         except (FileNotFoundError, shutil.Error):
             # A follower dropped version V from its three newest meanwhile: the job moved
             # on by two versions while copying. Take the leader's newer snapshot.
-            time.sleep(0.1 * (attempt + 1))
+            time.sleep(0.1 * attempt)
             continue
         lines = (run_dir / "tape.jsonl").read_text().splitlines(keepends=True)
         lines = [x for x in lines if x.endswith("\n")]  # a line being written is not whole
         n = int(state["tape_records"])
         if len(lines) < n:  # cannot happen (the tape is written first); read again
             shutil.rmtree(tmp, ignore_errors=True)
-            time.sleep(0.1 * (attempt + 1))
+            time.sleep(0.1 * attempt)
             continue
         (tmp / "leader").mkdir(parents=True)
         (tmp / "leader" / "snapshot.json").write_text(leader_snap)

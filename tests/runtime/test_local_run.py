@@ -63,7 +63,10 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(
         log = (tmp_path / "run" / "logs" / f"learner{j}.log").read_text()
         assert "stopped (the job stopped" in log and "control plane lost" not in log, log[-2000:]
         stats = json.loads((tmp_path / "run" / f"learner{j}" / "stats.json").read_text())
-        assert stats["rounds"] >= 1
+        # Each learner's push reached the leader. (Not "a round completed": under Decoupled
+        # DiLoCo, K=1, the fast learner can spend the budget while the slow one, compiled
+        # later, has its first push in flight: the CI rehearsal saw rounds 0, reported 8192.)
+        assert stats["reported"] >= sim.inner_steps * sim.batch_size * sim.seq_len
     version, params = final_params(tmp_path / "run")  # every follower at one version
     assert version == summary["version"]
     # The same core and numerics as the simulator: its replay recomputes the run exactly.

@@ -62,9 +62,11 @@ else
 fi
 
 # The corpus goes to data/corpus here ($DIPSJAX_DATA if set): in a clone that has data/,
-# dipsjax reads it from there (dipsjax.data.fetch.data_dir).
+# dipsjax reads it from there (dipsjax.data.fetch.data_dir). The subword tokenizer of the
+# demos (bpe:1024) is trained offline on each corpus's train split here, once, and cached
+# beside it (data/tokenizers), so no run trains it on first use.
 if [ -f dipsjax/data/fetch.py ]; then
   mkdir -p data
-  .venv/bin/python -m dipsjax.data.fetch
+  .venv/bin/python -m dipsjax.data.fetch --tokenizer bpe:1024
 fi
 echo "setup: ready (.venv/bin/dipsjax)"

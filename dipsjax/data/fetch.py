@@ -488,7 +488,10 @@ def fetch(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m dipsjax.data.fetch [--data-dir DIR] [corpus ...]``."""
+    """Command line: ``python -m dipsjax.data.fetch [--data-dir DIR] [--tokenizer SPEC ...]
+    [corpus ...]``: fetch the corpora, then train each ``bpe:<vocab>`` tokenizer named on
+    every corpus fetched (offline, cached beside the corpus where ``load_tokenizer`` finds
+    it), so that no run trains one on first use."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m dipsjax.data.fetch", description=__doc__)
@@ -499,9 +502,34 @@ def main(argv: list[str] | None = None) -> int:
         help=f"default: ${DATA_ENV}, else data/corpus in a clone of the repository that has "
         "data/, else ~/.cache/dipsjax/corpus",
     )
+    parser.add_argument(
+        "--tokenizer",
+        action="append",
+        default=[],
+        metavar="bpe:VOCAB",
+        help="a subword tokenizer to train on the train split of each corpus, e.g. bpe:1024 "
+        "(repeat for several)",
+    )
     args = parser.parse_args(argv)
+    vocabs = []
+    for spec in args.tokenizer:
+        kind, sep, vocab = spec.partition(":")
+        if kind != "bpe" or not sep or not vocab.isdigit():
+            print(f"fetch: error: --tokenizer {spec!r}: expected 'bpe:<vocab_size>'",
+                  file=sys.stderr)
+            return 2
+        vocabs.append((spec, int(vocab)))
     try:
         fetch(tuple(args.corpora), args.data_dir)
+        for spec, vocab in vocabs:
+            from dipsjax.data.tokenizer import subword_cache_path, train_subword
+
+            for corpus in args.corpora:
+                path = subword_cache_path(corpus, vocab, data_dir=args.data_dir)
+                fresh = not path.is_file()
+                train_subword(corpus, vocab, data_dir=args.data_dir)
+                print(f"fetch: {corpus}: {spec} tokenizer {'trained' if fresh else 'present'}"
+                      f" at {path}")
     except (CorpusError, ValueError) as e:
         print(f"fetch: error: {e}", file=sys.stderr)
         return 1

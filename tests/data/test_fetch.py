@@ -170,3 +170,24 @@ def test_command_line_is_quick_and_quiet(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert result.stdout.count("present and verified") == 2
+
+
+def test_set_up_trains_the_subword_tokenizer_offline(tmp_path, offline, capsys):
+    """`--tokenizer bpe:V` trains the BPE once, where `load_tokenizer` finds it: a later
+    run loads the file (no training), and a malformed spec fails before any fetch."""
+    from dipsjax.data.tokenizer import load_tokenizer, subword_cache_path
+
+    assert fetch.main(["--data-dir", str(tmp_path), "--tokenizer", "bpe:x"]) == 2
+    assert "expected 'bpe:<vocab_size>'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing fetched or trained
+    _copy_texts(tmp_path, ["austen"])
+    path = subword_cache_path("austen", 300, data_dir=tmp_path)
+    assert not path.exists()
+    assert fetch.main(["--data-dir", str(tmp_path), "--tokenizer", "bpe:300", "austen"]) == 0
+    assert f"bpe:300 tokenizer trained at {path}" in capsys.readouterr().out
+    assert path.is_file()
+    stamp = path.stat().st_mtime_ns
+    tok = load_tokenizer("bpe:300", corpus="austen", data_dir=tmp_path)
+    assert tok.vocab_size == 300 and path.stat().st_mtime_ns == stamp  # loaded, not retrained
+    assert fetch.main(["--data-dir", str(tmp_path), "--tokenizer", "bpe:300", "austen"]) == 0
+    assert "tokenizer present" in capsys.readouterr().out and path.stat().st_mtime_ns == stamp

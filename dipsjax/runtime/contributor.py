@@ -65,12 +65,11 @@ import numpy as np
 
 from dipsjax import outer
 from dipsjax.runtime import permissions
-from dipsjax.runtime.learner import LearnerNode
+from dipsjax.runtime.learner import LearnerNode, log
 from dipsjax.runtime.partition import Partition
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.learner import State
 
 
 class ContributionRefused(ValueError):
@@ -216,10 +215,7 @@ class ContributorNode(LearnerNode):
         # Rejoined (a restarted leader): the user's loop goes on from the version it is
         # sent now; a round the restart lost is not trained again (no chunks to retrain).
         self.base_flat = None
-        print(
-            f"learner {self.j}: rejoined (last round {c.last_round}: {c.last_outcome})",
-            flush=True,
-        )
+        log.info("rejoined (last round %s: %s)", c.last_round, c.last_outcome)
 
     def take(self, version: int, params: dict, first: bool = False) -> None:
         new = {p: np.asarray(x, np.float32) for p, x in outer.flatten(params).items()}
@@ -233,16 +229,7 @@ class ContributorNode(LearnerNode):
         self.learner.version = version
         self.base = params
 
-    def _train(self, c: m.Train) -> list[m.Command]:
-        if c.wait > 0:
-            time.sleep(c.wait)
-        self._drain()
-        if self.proto.state is not State.TRAINING or self.terminating:
-            return []  # what came meanwhile ended this round (a stop, an eviction, a rejoin)
-        latest = self.latest
-        if c.adopt and latest is not None and latest[0] > self.learner.version:
-            self.take(*latest)  # overlap: the newest version, at a round start
-            self.pulled = True
+    def _train_round(self) -> list[m.Command]:
         assert self.current is not None
         given = self.owner._offer(self.learner.version, self.current, self)
         if given is None:

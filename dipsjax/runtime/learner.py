@@ -431,6 +431,11 @@ class LearnerNode:
         if c.adopt and latest is not None and latest[0] > self.learner.version:
             self.take(*latest)  # the newest version, at a round start
             self.pulled = True
+        return self._train_round()
+
+    def _train_round(self) -> list[m.Command]:
+        """Trains one round from the version taken and reports it to the protocol (a
+        :class:`~dipsjax.runtime.contributor.Contributor`'s node has the user's loop do it)."""
         speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
         try:
             data = self.stream.take_round(self.spec.sim.inner_steps)

@@ -515,8 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.tokenizer:
         kind, sep, vocab = spec.partition(":")
         if kind != "bpe" or not sep or not vocab.isdigit():
-            print(f"fetch: error: --tokenizer {spec!r}: expected 'bpe:<vocab_size>'",
-                  file=sys.stderr)
+            print(
+                f"fetch: error: --tokenizer {spec!r}: expected 'bpe:<vocab_size>'", file=sys.stderr
+            )
             return 2
         vocabs.append((spec, int(vocab)))
     try:
@@ -528,8 +529,10 @@ def main(argv: list[str] | None = None) -> int:
                 path = subword_cache_path(corpus, vocab, data_dir=args.data_dir)
                 fresh = not path.is_file()
                 train_subword(corpus, vocab, data_dir=args.data_dir)
-                print(f"fetch: {corpus}: {spec} tokenizer {'trained' if fresh else 'present'}"
-                      f" at {path}")
+                print(
+                    f"fetch: {corpus}: {spec} tokenizer {'trained' if fresh else 'present'}"
+                    f" at {path}"
+                )
     except (CorpusError, ValueError) as e:
         print(f"fetch: error: {e}", file=sys.stderr)
         return 1

@@ -58,6 +58,8 @@ class Contribution:
       reference: ``"start"`` (``theta_start - theta_end``) or ``"server"``
         (``theta_server_now - theta_end``).
       train_loss: mean training loss (nats/token) over the round's steps; NaN if none.
+      grad_norm: mean global gradient norm (before clipping) over the round's steps; NaN if
+        none, or if the inner step does not report one.
     """
 
     learner_id: Hashable
@@ -67,6 +69,7 @@ class Contribution:
     delta: ParamDict
     reference: str = "start"
     train_loss: float = math.nan
+    grad_norm: float = math.nan
 
     def to_host(self) -> Contribution:
         """A copy whose ``delta`` leaves are NumPy arrays (fetched from the devices)."""
@@ -251,7 +254,7 @@ class Learner:
             raise ValueError(f"run_round: num_steps must be an integer >= 0, got {num_steps!r}")
         start = self.inner.copy_params(self._params) if ref == "start" else None
         iterator = iter(batches)
-        losses = []
+        losses, norms = [], []
         tokens = 0
         steps = 0
         while steps < num_steps:
@@ -264,12 +267,15 @@ class Learner:
                 self._params, self._opt_state, self.inner.put_batch(batch)
             )
             losses.append(metrics["loss"])
+            if "grad_norm" in metrics:
+                norms.append(metrics["grad_norm"])
             steps += 1
         if ref == "server":
             given = server_params() if callable(server_params) else server_params
             start = self.inner.put_params(given)
         delta = params_to_dict(_pseudo_gradient_in_place(start, self._params))
         train_loss = float(jnp.mean(jnp.stack(losses))) if losses else math.nan
+        grad_norm = float(jnp.mean(jnp.stack(norms))) if norms else math.nan
         self.steps_done += steps
         self.tokens_done += tokens
         return Contribution(
@@ -280,6 +286,7 @@ class Learner:
             delta=delta,
             reference=ref,
             train_loss=train_loss,
+            grad_norm=grad_norm,
         )
 
     def evaluate(self, batches: Iterable[Any], *, bytes_per_token: float = 1.0) -> EvalResult:

@@ -51,6 +51,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import shutil
@@ -697,7 +698,9 @@ class LearnerNode:
         (with the wall time): the training loss, tokens/s, the learning rate of its last
         inner step and the gradient norm (mean over its steps, before clipping)."""
         done, wall = self.learner.tokens_done, time.time()
-        metrics = dict(getattr(self.compute, "metrics", None) or {})
+        metrics: dict[str, float] = {}
+        if math.isfinite(contrib.grad_norm):
+            metrics["grad_norm"] = contrib.grad_norm
         lr = _learning_rate(self.learner, max(self.learner.steps_done - 1, 0))  # its last step
         if lr is not None:
             metrics["lr"] = lr

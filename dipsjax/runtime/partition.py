@@ -99,9 +99,6 @@ class Compute:
         # global version: the base of a server-reference round that has none (a solo
         # learner's, ``LearnerNode.solo``: it never pulls, so it is still on its start).
         self.start: Any = None
-        # The last round's inner-step metrics, on the host: {"grad_norm": mean over its
-        # steps} (what the learner logs; ``{}`` before the first round).
-        self.metrics: dict[str, float] = {}
 
     # -- what process 0 calls ----------------------------------------------------------
 
@@ -150,23 +147,7 @@ class Compute:
             if self.start is None:
                 raise ValueError("a server-reference round needs the version it started from")
             base = self.start
-        norms: list[Any] = []
-        inner = self.learner.inner
-        step = inner.step
-
-        def step_and_keep(*args: Any) -> Any:  # the inner step's metrics, as it returns them
-            out = step(*args)
-            if isinstance(out[2], dict) and "grad_norm" in out[2]:
-                norms.append(out[2]["grad_norm"])
-            return out
-
-        inner.step = step_and_keep
-        try:
-            contrib = self.learner.run_round(batches, num_steps=num_steps, reference="start")
-        finally:
-            inner.step = step
-        if norms:
-            self.metrics = {"grad_norm": float(np.mean([float(x) for x in norms]))}
+        contrib = self.learner.run_round(batches, num_steps=num_steps, reference="start")
         delta = delta_to_send(self.reference, contrib, self.learner, base)
         delta = _host(delta, self.partition.spread)
         return dataclasses.replace(contrib, delta=None), delta

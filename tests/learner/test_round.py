@@ -192,3 +192,21 @@ def test_the_inner_schedule_counts_the_learner_s_steps_across_pulls():
     )
     learner.pull(tiny_init(), version=2, reset_optimizer=True)
     assert counts() == {0}
+
+
+def test_round_reports_the_mean_gradient_norm_of_its_steps(learner):
+    """``Contribution.grad_norm`` is the mean over the round's steps of the gradient norm
+    the inner step reports, here recomputed by stepping the same start by hand."""
+    data = batches(3, seed=5)
+    inner = learner.inner
+    params = inner.put_params(tiny_init())
+    opt_state = inner.init_opt_state(params)
+    norms = []
+    for b in data:
+        params, opt_state, metrics = inner.step(params, opt_state, inner.put_batch(b))
+        norms.append(float(np.linalg.norm([float(metrics["grad_norm"])])))
+    learner.pull(tiny_init(), version=0, reset_optimizer=True)
+    c = learner.run_round(iter(data), num_steps=3)
+    assert len(set(norms)) == 3 and all(n > 0 for n in norms)
+    np.testing.assert_allclose(c.grad_norm, np.mean(norms), rtol=1e-6)
+    assert math.isnan(learner.run_round(iter([]), num_steps=3).grad_norm)  # no step

@@ -192,6 +192,11 @@ SIM: dict[str, Rule] = {
     "inner_lr": Real(0, 10, open_lo=True),
     "outer_lr": Real(0, 10, open_lo=True),
     "outer_momentum": Real(0, 0.999999),
+    "outer_preset": OneOf(("", *sim_lib.OUTER_PRESETS)),
+    "outer_clip": OneOf(sim_lib.CLIPS),
+    "outer_clip_norm": Real(0, 1e9, open_lo=True),
+    "outer_clip_history": Int(1, 100_000),
+    "anomaly_penalty": BOOL,
     "token_budget": Int(1, 10**15),
     "eta": Real(0, 10_000),  # percent of step-time heterogeneity
     "speeds": Seq(Real(0, 1000, open_lo=True), MAX_LEARNERS),

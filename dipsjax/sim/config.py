@@ -9,6 +9,7 @@ from dipsjax import rules
 from dipsjax.syncer import methods as methods_lib
 
 SYNCER_METHODS = methods_lib.METHODS
+CLIPS = methods_lib.CLIPS
 METHODS = ("dp", "sync_diloco", "naive_async", "dips", "decoupled", "async_diloco")
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
 
@@ -37,7 +38,13 @@ class SimConfig:
 
     Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
     ``outer_momentum``); ``outer_optimizer`` names a function ``(learning_rate, momentum)
-    -> optax transform`` to use in its place (an extension).
+    -> optax transform`` to use in its place (an extension). The global clip of the merged
+    update: ``outer_clip`` ``""`` (the method's: Di-PS clips at 1, the others do not),
+    ``"none"``, ``"absolute"`` (at ``outer_clip_norm``) or ``"relative"`` (EXTENSION: at
+    ``outer_clip_norm`` times the median norm of the last ``outer_clip_history`` merged
+    updates). ``anomaly_penalty=False`` turns Di-PS's penalty off. ``outer_preset`` names a
+    set of these values (:data:`OUTER_PRESETS`, e.g. ``"dips-paper"``: Di-PS sec. 13's 0.7
+    / 0.8, clip 1, penalty on); the fields it sets must then be left at their defaults.
 
     Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
     files; ``validation_doc`` names the held-out document (its file stem for a folder).
@@ -86,6 +93,11 @@ class SimConfig:
     outer_optimizer: str = ""
     outer_lr: float = 0.7
     outer_momentum: float = 0.8
+    outer_preset: str = ""
+    outer_clip: str = ""
+    outer_clip_norm: float = 1.0
+    outer_clip_history: int = 16
+    anomaly_penalty: bool = True
     token_budget: int = 262_144
     eta: float = 0.0
     speeds: tuple[float, ...] = ()
@@ -136,6 +148,7 @@ class SimConfig:
                 f"{self.task_args!r}"
             ) from None
         object.__setattr__(self, "task_args", args)
+        self._apply_preset()
         checks = [
             (self.method in METHODS, "method", f"one of {METHODS}"),
             (self.learners >= 1, "learners", ">= 1"),
@@ -169,6 +182,9 @@ class SimConfig:
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy or optimal"),
             (self.adopt in ("replace", "delta"), "adopt", "replace or delta"),
             (self.eval_every >= 1, "eval_every", ">= 1"),
+            (self.outer_clip in methods_lib.CLIPS, "outer_clip", f"one of {methods_lib.CLIPS}"),
+            (self.outer_clip_norm > 0, "outer_clip_norm", "> 0"),
+            (self.outer_clip_history >= 1, "outer_clip_history", ">= 1"),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (
                 not self.outer_optimizer or ":" in self.outer_optimizer,
@@ -194,6 +210,24 @@ class SimConfig:
                 )
         self.anomaly()  # validates alpha, beta, warmup and the floors
         self.inner_optimizer()  # validates the inner_* fields
+
+    def _apply_preset(self) -> None:
+        if not self.outer_preset:
+            return
+        if self.outer_preset not in OUTER_PRESETS:
+            raise ValueError(
+                f"SimConfig.outer_preset must be '' or one of {tuple(OUTER_PRESETS)}, got "
+                f"{self.outer_preset!r}"
+            )
+        defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
+        for name, value in OUTER_PRESETS[self.outer_preset].items():
+            given = getattr(self, name)
+            if given != defaults[name] and given != value:
+                raise ValueError(
+                    f"SimConfig.outer_preset {self.outer_preset!r} sets {name}={value!r}; "
+                    f"leave {name} unset (got {given!r}) or drop the preset"
+                )
+            object.__setattr__(self, name, value)
 
     def inner_optimizer(self) -> Any:
         """The learners' inner AdamW settings from the ``inner_*`` fields."""
@@ -262,11 +296,36 @@ class SimConfig:
             version_cache=self.version_cache,
             deal_chunks=self.learners if self.deal_chunks else 0,
             outer_optimizer=self.outer_optimizer,
+            clip=self.outer_clip,
+            clip_norm=self.outer_clip_norm,
+            clip_history=self.outer_clip_history,
+            penalty=self.anomaly_penalty,
             heartbeat_interval=self.heartbeat_interval,
             token_budget=self.token_budget,
             num_followers=num_followers,
             layer_owner=layer_owner,
         )
+
+
+OUTER_PRESETS: dict[str, dict[str, Any]] = {
+    # Di-PS sec. 13 (seed 000): Nesterov 0.7 / 0.8, global clip at 1, anomaly penalty.
+    "dips-paper": {
+        "outer_lr": 0.7,
+        "outer_momentum": 0.8,
+        "outer_clip": "",
+        "outer_clip_norm": 1.0,
+        "anomaly_penalty": True,
+    },
+    # Outer SGD at lr 1 without momentum or clip: the new version is the learners' merged
+    # parameters (FedAvg / DiLoCo's "outer lr 1" control).
+    "average": {
+        "outer_lr": 1.0,
+        "outer_momentum": 0.0,
+        "outer_clip": "none",
+        "anomaly_penalty": False,
+    },
+}
+"""Named sets of outer-optimizer settings (``SimConfig.outer_preset``)."""
 
 
 def _frozen(value: Any) -> Any:

@@ -119,6 +119,10 @@ class LeaderConfig:
       penalty: run the Di-PS anomaly penalty with ``anomaly``'s settings.
       anomaly: the penalty's settings (:class:`dipsjax.rules.AnomalyConfig`).
       max_norm: global clip threshold, or None for no clipping.
+      clip_relative: EXTENSION (not in the papers, off by default): the threshold is
+        ``max_norm`` times the median of the merged updates' norms (before clipping) of the
+        last ``clip_history`` rounds that reached the merge; no clip before the first.
+      clip_history: rounds in the relative clip's running median.
       reference: pseudo-gradient reference, ``start`` (Decoupled DiLoCo) or ``server``
         (Di-PS: followers rebuild ``theta_now - theta_end`` from the learner's
         ``theta_start - theta_end`` and their cache of recent versions).
@@ -158,6 +162,8 @@ class LeaderConfig:
     penalty: bool = True
     anomaly: rules.AnomalyConfig = dataclasses.field(default_factory=rules.AnomalyConfig)
     max_norm: float | None = 1.0
+    clip_relative: bool = False
+    clip_history: int = 16
     reference: str = "start"
     version_cache: int = 8
     max_staleness: int | None = None
@@ -180,6 +186,12 @@ class LeaderConfig:
         checks = [
             (self.weighting in rules.WEIGHTINGS, "weighting", "tokens|decoupled|uniform"),
             (self.max_norm is None or self.max_norm > 0, "max_norm", "> 0 or None"),
+            (
+                not self.clip_relative or self.max_norm is not None,
+                "max_norm",
+                "a multiple of the running median norm (> 0) when clip_relative is on",
+            ),
+            (self.clip_history >= 1, "clip_history", ">= 1"),
             (self.reference in REFERENCES, "reference", "start|server"),
             (self.version_cache >= 1, "version_cache", ">= 1"),
             (
@@ -329,6 +341,8 @@ class Leader:
         self.waiting: list[Push] = []
         self.next_round_id = 0
         self.anomaly = rules.init_history(np, self.config.anomaly.history)
+        # The relative clip's window: norms of the last merged updates (before clipping).
+        self.clip_norms: list[float] = []
         self.ledger = TokenLedger()
         self.data = data
         self.followers_up: dict[int, bool] = dict.fromkeys(range(self.config.num_followers), True)
@@ -1055,14 +1069,24 @@ class Leader:
             return []
         m = float(sum(np.float32(rnd.merged[k]) for k in sorted(rnd.merged)))
         rnd.timings["merged_norm"] = ev.t
-        factor = (
-            1.0
-            if self.config.max_norm is None
-            else float(rules.clip_factor(np, m, self.config.max_norm))
-        )
+        threshold = self.clip_threshold()
+        factor = 1.0 if threshold is None else float(rules.clip_factor(np, m, threshold))
+        if self.config.clip_relative and np.isfinite(m):
+            self.clip_norms = [*self.clip_norms, float(np.sqrt(np.float32(m)))][
+                -self.config.clip_history :
+            ]
         rnd.clip_factor, rnd.merged_sq_norm = factor, m
         rnd.phase = Phase.APPLY
         return [Apply(rnd.round_id, self.version + 1, factor, m)]
+
+    def clip_threshold(self) -> float | None:
+        """The global clip's threshold for the next merged update (None: no clip)."""
+        cfg = self.config
+        if cfg.max_norm is None or not cfg.clip_relative:
+            return cfg.max_norm
+        if not self.clip_norms:
+            return None
+        return float(cfg.max_norm * np.median(np.asarray(self.clip_norms, np.float32)))
 
     def _on_FollowerApplied(self, ev: FollowerApplied) -> list[Action]:
         self._follower_seen(ev.follower, ev.t)
@@ -1366,6 +1390,7 @@ class Leader:
                     "cursor": int(a.cursor),
                 },
                 "ledger": self.ledger.to_json(),
+                "clip_norms": list(self.clip_norms),
                 "data": None if self.data is None else self.data.to_dict(),
                 "followers_up": [[k, v] for k, v in self.followers_up.items()],
                 "follower_addresses": [[k, a] for k, a in self.follower_addresses.items()],
@@ -1430,6 +1455,7 @@ class Leader:
             cursor=np.int32(a["cursor"]),
         )
         leader.ledger = TokenLedger.from_json(state["ledger"])
+        leader.clip_norms = [float(x) for x in state.get("clip_norms", [])]
         leader.followers_up = {k: v for k, v in state["followers_up"]}
         leader.follower_addresses = {k: a for k, a in state.get("follower_addresses", [])}
         leader.lru = tuple(state["lru"])

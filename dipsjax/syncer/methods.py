@@ -30,6 +30,7 @@ from dipsjax.syncer import grace as grace_lib
 from dipsjax.syncer.leader import LeaderConfig
 
 METHODS = ("dips", "decoupled", "naive_async", "sync_diloco")
+CLIPS = ("", "none", "absolute", "relative")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,13 @@ class MethodSettings:
       token_budget: stop after this many tokens.
       num_followers, layer_owner: the shards (see :class:`LeaderConfig`).
       deal_chunks: deal chunks in turns to this many learners (see :class:`LeaderConfig`).
+      clip: the global clip of the merged update: ``""`` the method's (the table above),
+        ``"none"``, ``"absolute"`` (at ``clip_norm``, as Di-PS) or ``"relative"``
+        (EXTENSION: at ``clip_norm`` times the median norm of the last ``clip_history``
+        merged updates; see :class:`LeaderConfig`).
+      clip_norm, clip_history: the clip's threshold (or multiple) and window.
+      penalty: Di-PS runs its anomaly penalty (False: every finite push is accepted; the
+        other methods never run it).
       outer_optimizer: EXTENSION: ``"package.module:function"``, a function
         ``(learning_rate, momentum) -> optax transform`` whose transform takes the place of
         the chain's Nesterov step (``''``: Nesterov, as the papers).
@@ -78,10 +86,18 @@ class MethodSettings:
     layer_owner: tuple[int, ...] = ()
     deal_chunks: int = 0
     outer_optimizer: str = ""
+    clip: str = ""
+    clip_norm: float = 1.0
+    clip_history: int = 16
+    penalty: bool = True
 
     def __post_init__(self) -> None:
         if self.learners < 1:
             raise ValueError(f"MethodSettings.learners must be >= 1, got {self.learners}")
+        if self.clip not in CLIPS:
+            raise ValueError(f"MethodSettings.clip must be one of {CLIPS}, got {self.clip!r}")
+        if not self.clip_norm > 0:
+            raise ValueError(f"MethodSettings.clip_norm must be > 0, got {self.clip_norm!r}")
         if self.round_token_scale and not (self.full_round_tokens or 0) > 0:
             raise ValueError(
                 "MethodSettings.full_round_tokens must be > 0 when round_token_scale is on, "
@@ -132,8 +148,10 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
         )
     if name == "decoupled":
         full = s.full_round_tokens if s.round_token_scale else None
-        return outer.decoupled_diloco(lr, mom, rda=s.rda, full_round_tokens=full, step=step)
-    return outer.diloco(lr, mom, step=step)
+        return outer.decoupled_diloco(
+            lr, mom, rda=s.rda, full_round_tokens=full, step=step, max_norm=max_norm
+        )
+    return outer.diloco(lr, mom, step=step, max_norm=max_norm)
 
 
 def build(name: str, settings: MethodSettings | None = None) -> Method:
@@ -141,7 +159,11 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
     s = settings or MethodSettings()
     if name not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {name!r}")
+    max_norm, relative = _clip(s, default="absolute" if name == "dips" else "none")
     common = dict(
+        max_norm=max_norm,
+        clip_relative=relative,
+        clip_history=s.clip_history,
         anomaly=s.anomaly,
         max_staleness=s.max_staleness,
         version_cache=s.version_cache,
@@ -152,12 +174,10 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
         deal_chunks=s.deal_chunks,
     )
     if name == "dips":
-        lc = LeaderConfig(
-            weighting="tokens", penalty=True, max_norm=1.0, reference="server", **common
-        )
+        lc = LeaderConfig(weighting="tokens", penalty=s.penalty, reference="server", **common)
         return Method(name, "server", lc, _grace(s, "dynamic"), s)
     if name == "decoupled":
-        lc = LeaderConfig(weighting="decoupled", penalty=False, max_norm=None, **common)
+        lc = LeaderConfig(weighting="decoupled", penalty=False, **common)
         policy = (
             grace_lib.QuorumGrace(k=s.quorum, grace=False)
             if s.grace == "none"
@@ -165,16 +185,21 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
         )
         return Method(name, "start", lc, policy, s)
     if name == "naive_async":
-        lc = LeaderConfig(
-            weighting="uniform", penalty=False, max_norm=None, max_participants=1, **common
-        )
+        lc = LeaderConfig(weighting="uniform", penalty=False, max_participants=1, **common)
         return Method(name, "start", lc, _grace(s, "none"), s)
     # With dealt chunks (a fixed set of M workers) every round waits for all M, from the
     # first round on and after a restart: rounds that do not depend on timing.
-    lc = LeaderConfig(
-        weighting="uniform", penalty=False, max_norm=None, min_active=s.deal_chunks, **common
-    )
+    lc = LeaderConfig(weighting="uniform", penalty=False, min_active=s.deal_chunks, **common)
     return Method(name, "start", lc, grace_lib.QuorumGrace(k=s.learners, grace=False), s)
+
+
+def _clip(s: MethodSettings, default: str) -> tuple[float | None, bool]:
+    """The leader's ``(max_norm, clip_relative)`` for clip mode ``s.clip`` (``default`` for
+    the method's own)."""
+    mode = s.clip or default
+    if mode == "none":
+        return None, False
+    return s.clip_norm, mode == "relative"
 
 
 def _grace(s: MethodSettings, default: str) -> grace_lib.GracePolicy:

@@ -32,3 +32,37 @@ def test_naming_the_papers_nesterov_step_changes_nothing_and_another_step_trains
     assert "nesterov" in methods.build("dips", toy_config().method_settings()).make_tx().init(
         {"w": np.zeros(2)}
     )
+
+
+def _rounds(res):
+    return [r for r in res.tape.rounds() if r["merged_sq_norm"] is not None]
+
+
+def test_the_outer_clip_and_penalty_are_settings_with_the_papers_values_by_name():
+    """Every method can clip at an absolute threshold, none, or (EXTENSION) relative to the
+    running median; the Di-PS penalty turns off; ``dips-paper`` is today's default."""
+    default, base = _final()
+    paper, named = _final(outer_preset="dips-paper")
+    for a, b in zip(base, named, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # A tiny absolute threshold binds in every round, with the factor min(1, c / ||u||).
+    tight, _ = _final(outer_clip="absolute", outer_clip_norm=1e-4)
+    for r in _rounds(tight):
+        want = min(1.0, 1e-4 / np.sqrt(r["merged_sq_norm"]))
+        np.testing.assert_allclose(r["clip_factor"], want, rtol=1e-5)
+        assert r["clip_factor"] < 1.0
+    free, _ = _final(outer_clip="none")
+    assert all(r["clip_factor"] == 1.0 for r in _rounds(free))
+    # Penalty off: no scores, every finite push accepted.
+    off, _ = _final(anomaly_penalty=False)
+    assert all(r["scores"] == [] and all(r["accepted"]) for r in _rounds(off))
+    assert any(r["scores"] for r in _rounds(default))
+    # Decoupled DiLoCo has no clip by default; asked, its followers' chain clips as told.
+    cfg = toy_config(method="decoupled", outer_clip="relative", outer_clip_norm=0.5)
+    res = Engine(cfg, world=ToyWorld(cfg)).run()
+    rounds = _rounds(res)
+    assert rounds[0]["clip_factor"] == 1.0 and any(r["clip_factor"] < 1.0 for r in rounds)
+    tx = methods.build("decoupled", cfg.method_settings()).make_tx()
+    assert "clip" in tx.init({"w": np.zeros(2)})
+    plain = toy_config(method="decoupled").method_settings()
+    assert "clip" not in methods.build("decoupled", plain).make_tx().init({"w": np.zeros(2)})

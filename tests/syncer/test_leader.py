@@ -1013,3 +1013,35 @@ def test_a_resumed_leader_forgets_where_followers_were_until_they_rejoin():
     assert copy.follower_addresses == {}
     copy.handle(L.FollowerJoined(2.0, 1, 0, address="10.0.0.9:7100"))
     assert copy.follower_addresses == {1: "10.0.0.9:7100"}
+
+
+def test_relative_clip_uses_the_median_of_earlier_merged_norms_and_survives_a_snapshot():
+    """EXTENSION ``clip_relative``: round r's threshold is ``max_norm`` times the median
+    norm of the merged updates of the ``clip_history`` rounds before it (no clip in the
+    first round); the window is part of the leader's snapshot."""
+    cfg = LeaderConfig(penalty=False, max_norm=2.0, clip_relative=True, clip_history=3)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 1)
+    merged_sq = [4.0, 1.0, 100.0, 9.0, 0.25, 400.0]
+    factors, t = [], 0.0
+    for r, m in enumerate(merged_sq):
+        if r == 3:  # a restarted leader goes on with the same window
+            leader = Leader.restore(leader.snapshot(), leader.tape)
+        leader.handle(push(t, 0, 10, 1, leader.version))
+        _, apply, _, _ = finish_round(leader, t, merged=m)
+        factors.append(apply.clip_factor)
+        t += 1.0
+    norms = [math.sqrt(m) for m in merged_sq]
+    want = [1.0]
+    for r in range(1, len(norms)):
+        window = sorted(norms[max(0, r - 3) : r])
+        median = (
+            window[len(window) // 2]
+            if len(window) % 2
+            else (window[len(window) // 2 - 1] + window[len(window) // 2]) / 2
+        )
+        want.append(min(1.0, 2.0 * median / norms[r]))
+    assert factors == pytest.approx(want, rel=1e-6)
+    assert factors[2] < 1.0 and factors[5] < 1.0 and factors[4] == 1.0  # it binds, and not
+    with pytest.raises(ValueError, match="clip_relative"):
+        LeaderConfig(max_norm=None, clip_relative=True)

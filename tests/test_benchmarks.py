@@ -270,3 +270,18 @@ def test_tokenizers_tiny(tmp_path):
     assert all(v > 0 for v in fig.values())
     # Whole rounds each: the byte run's rounds are the nearest to the BPE's bytes.
     assert abs(fig["train_bytes_byte"] / fig["train_bytes_bpe1024"] - 1) < 0.25
+
+
+def test_ladder(tmp_path):
+    # Two rounds of M = 1 and 2 at H = 2, one seed. Exact where the figure is: one learner
+    # with outer SGD at lr 1 (no momentum) is data parallel's continuous AdamW, so its gap
+    # to DP is zero up to the BF16 wire. A second call resumes: nothing is run again.
+    out = tmp_path / "ladder"
+    fig = run_benchmark("ladder", "--tiny", "--out", str(out), timeout=300, tmp_path=tmp_path)
+    expect(fig, ["ladder_runs", "ladder_sync_diloco_gap_m1"])
+    assert fig["ladder_runs"] == 4
+    assert abs(fig["ladder_sync_diloco_gap_m1"]) < 1e-3
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and (out / "ladder.md").is_file()
+    again = run_benchmark("ladder", "--tiny", "--out", str(out), timeout=120, tmp_path=tmp_path)
+    assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 4

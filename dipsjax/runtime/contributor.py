@@ -208,6 +208,9 @@ class ContributorNode(LearnerNode):
     def warm_up(self) -> None:
         pass  # nothing to compile: the user's loop is the user's
 
+    def make_data(self) -> tuple[Any, None]:
+        return None, None  # the user's own data: the job's is never read or built here
+
     def save(self, c: m.Save) -> None:
         pass  # the inner state is the user's: the protocol's list of saves is all there is
 

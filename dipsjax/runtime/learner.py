@@ -182,9 +182,8 @@ class LearnerNode:
         flat = outer.flatten(params)
         self.paths = list(flat)
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
-        task = load_task(cfg)
-        self.source, self.task_name = task.source, task.name
-        self.stream = BatchStream(self.source, source=self.next_chunk)
+        self.task_name = load_task(cfg).name
+        self.source, self.stream = self.make_data()
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
@@ -433,6 +432,13 @@ class LearnerNode:
             self.take(*latest)  # the newest version, at a round start
             self.pulled = True
         return self._train_round()
+
+    def make_data(self) -> tuple[Any, BatchStream | None]:
+        """The task's training data and the stream that leases it (a
+        :class:`~dipsjax.runtime.contributor.Contributor`'s node has none: its user reads
+        their own data)."""
+        source = load_task(self.spec.sim).source
+        return source, BatchStream(source, source=self.next_chunk)
 
     def _train_round(self) -> list[m.Command]:
         """Trains one round from the version taken and reports it to the protocol (a

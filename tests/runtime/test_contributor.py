@@ -310,3 +310,35 @@ def test_the_users_loop_rejoins_a_restarted_leader_as_a_learner_process_does(tmp
     ]
     assert after and all(p.meta.incarnation == 0 for p in after)
     _balanced(run, summary)
+
+
+def _task_without_data(cfg):
+    """The built-in language model, whose training data must never be read here."""
+    import dataclasses
+
+    from dipsjax.tasks.lm import get_task
+
+    def data():
+        raise AssertionError("a contributor's process built the job's training data")
+
+    return dataclasses.replace(get_task(cfg), data=data)
+
+
+def test_a_contributors_node_never_builds_the_jobs_data(tmp_path, monkeypatch):
+    # The user's loop reads its own data: the node in the user's process must not load the
+    # job's corpus (for a large task, the whole training set in a user's notebook).
+    from dipsjax.runtime.contributor import ContributorNode
+
+    from dipsjax.runtime import credentials
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    sim = _sim(task="test_contributor:_task_without_data")
+    creds = str(credentials.create(tmp_path / "creds").directory)
+    spec = RunSpec(
+        sim, "127.0.0.1:1", ("127.0.0.1:2",) * 2, creds, str(tmp_path / "run"), (), 0, 1.0
+    )
+    node = ContributorNode(Contributor(spec, learner=1), spec, 1, 0)
+    assert node.source is None and node.stream is None
+    assert node.task_name == "lm:tiny" and len(node.paths) > 0
+    node.tb.close()
+    node.control.close()

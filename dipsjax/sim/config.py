@@ -380,6 +380,12 @@ class SimResult:
             "phases": self.phases,
             "final_val_loss": self.final_loss,
             "final_val_bpb": self.final_bpb,
+            # The task's own figures (its eval_metrics: final_val_accuracy, ...).
+            **{
+                f"final_{k}": v
+                for k, v in (self.curve[-1] if self.curve else {}).items()
+                if k.startswith("val_") and k not in ("val_loss", "val_bpb")
+            },
             "ideal_tokens_per_second": self.ideal_tokens_per_second,
             "scaling_efficiency": self.tokens_per_second / self.ideal_tokens_per_second
             if self.ideal_tokens_per_second

@@ -37,7 +37,8 @@ class SimConfig:
 
     Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
     ``outer_momentum``); ``outer_optimizer`` names a function ``(learning_rate, momentum)
-    -> optax transform`` to use in its place (an extension).
+    -> optax transform`` to use in its place (an extension; a task may carry one instead,
+    :attr:`dipsjax.task.Task.outer_optimizer`: both set is an error).
 
     Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
     files; ``validation_doc`` names the held-out document (its file stem for a folder).

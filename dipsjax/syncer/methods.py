@@ -114,10 +114,16 @@ class Method:
                 "the task carries an outer_optimizer and the config names outer_optimizer="
                 f"{self.settings.outer_optimizer!r}: set one of them"
             )
-        if outer_optimizer is not None and not callable(outer_optimizer):
+        if outer_optimizer is not None:
+            try:
+                hash(outer_optimizer)  # the chains are cached by it
+                usable = callable(outer_optimizer)
+            except TypeError:
+                usable = False
+        if outer_optimizer is not None and not usable:
             raise TypeError(
-                f"outer_optimizer must be a function (learning_rate, momentum) -> optax "
-                f"transform, got {outer_optimizer!r}"
+                "outer_optimizer must be a hashable function (learning_rate, momentum) -> "
+                f"optax transform, got {outer_optimizer!r}"
             )
         return _make_tx(self.name, self.settings, self.leader.max_norm, outer_optimizer)
 

@@ -101,6 +101,8 @@ def test_a_task_s_outer_sgd_steps_as_the_config_s_and_both_set_is_an_error():
         assert methods.build(name, plain).make_tx() is not from_task
         with pytest.raises(ValueError, match="set one of them"):
             methods.build(name, by_config).make_tx(optax.sgd)
+        with pytest.raises(TypeError, match="must be a hashable function"):
+            methods.build(name, plain).make_tx("optax:sgd")
 
 
 @pytest.fixture

@@ -13,9 +13,14 @@ a job (and the simulator) builds it the same way::
             loss=lambda model, batch: mse(model(batch["x"]), batch["y"]),
             data=lambda: MyChunks(cfg.batch_size),           # a DataSource, built lazily
             eval_batches=lambda: my_validation_batches(),
+            eval_metrics=lambda model, batch: {"mae": mae(model(batch["x"]), batch["y"])},
         )
 
     # the config: sim=dict(task="mypkg.tasks:get_task", task_args={"hidden": 128}, ...)
+
+Validation reports the loss, the figures derived from it (:attr:`Task.metrics`) and the
+task's own (:attr:`Task.eval_metrics`), as ``val_loss``, ``val_bpb`` and ``val_<name>``
+(:meth:`dipsjax.sim.world.World.evaluate`).
 
 The built-in LLaMA language model on a text corpus is one task among others
 (:func:`dipsjax.tasks.lm.get_task`, the default).

@@ -13,9 +13,14 @@ a job (and the simulator) builds it the same way::
             loss=lambda model, batch: mse(model(batch["x"]), batch["y"]),
             data=lambda: MyChunks(cfg.batch_size),           # a DataSource, built lazily
             eval_batches=lambda: my_validation_batches(),
+            eval_metrics=lambda model, batch: {"mae": mae(model(batch["x"]), batch["y"])},
         )
 
     # the config: sim=dict(task="mypkg.tasks:get_task", task_args={"hidden": 128}, ...)
+
+Validation reports the loss, the figures derived from it (:attr:`Task.metrics`) and the
+task's own (:attr:`Task.eval_metrics`), as ``val_loss``, ``val_bpb`` and ``val_<name>``
+(:meth:`dipsjax.sim.world.World.evaluate`).
 
 The built-in LLaMA language model on a text corpus is one task among others
 (:func:`dipsjax.tasks.lm.get_task`, the default).
@@ -92,15 +97,29 @@ class Task:
         only in the processes that read data: learners, the simulator, the launcher).
       eval_batches: the validation batches (a sequence, or a function returning one), each
         counting :attr:`DataSource.tokens_per_batch`-like weight ``count(batch)``.
-      metrics: ``metrics(mean_val_loss) -> {name: value}``, extra validation figures (the
-        language model's ``bits_per_byte``); none by default.
+      metrics: ``metrics(mean_val_loss) -> {name: value}``, validation figures derived from
+        the mean validation loss (the language model's ``bits_per_byte``); none by default.
+      eval_metrics: ``eval_metrics(model, batch) -> {name: scalar}``, the task's own
+        validation figures (a classifier's ``accuracy``): each a mean over the batch,
+        computed under ``jax.jit`` in the same pass as the validation loss and averaged over
+        :attr:`eval_batches` weighted by ``count(batch)`` as the loss is. Reported beside
+        the loss by the simulator's results, the runtime's evaluator (``eval.jsonl``,
+        TensorBoard, ``dipsjax status``, the console) and the end-of-run validation, as
+        ``val_<name>``. Names must differ from ``loss`` and from :attr:`metrics`' names;
+        none by default.
       count: ``count(batch) -> int``, what a batch counts in the books; by default the
         source's ``tokens_per_batch`` (the language model checks its token batches here).
       inner_optimizer: an ``optax`` transform for the learners' inner steps; ``None``: the
         config's (:class:`~dipsjax.learner.step.InnerOptimizerConfig` from ``inner_*``).
-
-    The outer optimizer is the config's (``SimConfig.outer_optimizer``: the followers build
-    it without the task).
+      outer_optimizer: EXTENSION: ``outer_optimizer(learning_rate, momentum) -> optax
+        transform``, the step that takes the place of the followers' Nesterov SGD at the end
+        of the method's outer chain (the chain's other stages, e.g. the Di-PS penalty and
+        clipping, stay), called with the config's ``outer_lr`` and ``outer_momentum``;
+        ``None``: the config's ``outer_optimizer`` (a ``"package.module:function"`` of the
+        same contract), else the papers' Nesterov. A task's and a config's both set is an
+        error (:func:`outer_optimizer_of`). The followers and the simulator build it from the
+        task; the leader never loads the task. Give a module-level function (not a lambda
+        made anew in ``get_task``) so that equal configs share one compiled chain.
     """
 
     name: str
@@ -111,11 +130,17 @@ class Task:
     metrics: Callable[[float], dict[str, float]] | None = None
     count: Callable[[PyTree], int] | None = None
     inner_optimizer: optax.GradientTransformation | None = None
+    eval_metrics: Callable[[Any, PyTree], dict[str, Any]] | None = None
+    outer_optimizer: Callable[[float, float], optax.GradientTransformation] | None = None
 
     def __post_init__(self) -> None:
         for field in ("model", "loss"):
             if not callable(getattr(self, field)):
                 raise TypeError(f"Task.{field} must be callable, got {getattr(self, field)!r}")
+        for field in ("metrics", "count", "eval_metrics", "outer_optimizer"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise TypeError(f"Task.{field} must be callable or None, got {value!r}")
         if not (callable(self.data) or isinstance(self.data, DataSource)):
             raise TypeError(
                 "Task.data must be a DataSource (num_chunks, batches_per_chunk, "
@@ -150,6 +175,18 @@ class Task:
     def bits_per_byte(self, loss: float) -> float:
         """The ``bits_per_byte`` metric of a validation loss, NaN for a task without one."""
         return float(self.extra_metrics(loss).get("bits_per_byte", math.nan))
+
+
+def outer_optimizer_of(task: Task, cfg: SimConfig) -> Callable[..., Any] | None:
+    """The followers' outer step of experiment ``cfg`` training ``task``: the task's
+    :attr:`Task.outer_optimizer`, else ``None`` (the config's ``outer_optimizer``, if any, is
+    resolved with the method's chain). Raises a ``ValueError`` when both name one."""
+    if task.outer_optimizer is not None and cfg.outer_optimizer:
+        raise ValueError(
+            f"task {task.name!r} carries an outer_optimizer and the config names "
+            f"outer_optimizer={cfg.outer_optimizer!r}: set one of them"
+        )
+    return task.outer_optimizer
 
 
 def check_source(src: Any, name: str = "task") -> None:

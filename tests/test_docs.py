@@ -153,4 +153,6 @@ def test_task_example_runs(tmp_path, monkeypatch):
         step(model, opt, src.batch(i // src.batches_per_chunk, i % src.batches_per_chunk))
     after = sum(float(task.loss(model, b)) for b in task.validation)
     assert after < before, (before, after)
+    right = [float(task.eval_metrics(model, b)["accuracy"]) for b in task.validation]
+    assert sum(right) / len(right) >= 0.75, right  # four classes: chance is 1/4
     assert task.extra_metrics(after) == {}  # no metrics given: not a language model

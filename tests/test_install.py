@@ -230,15 +230,17 @@ def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
     """The example task (examples/spirals: an MLP on 2-D points, batches of float inputs
     and int labels, no tokens) from a folder outside the repository, through the wheel's
     ``dipsjax simulate`` and ``dipsjax run``: the run writes to ``./runs``, its tape
-    replays bit for bit, its books balance counted from both sides, and ``dipsjax export``
-    gives parameters that load into the task's model and reproduce the run's last
-    validation loss."""
+    replays bit for bit (the followers' outer step is the task's: the replay builds it from
+    the task as the follower processes did), its books balance counted from both sides, and
+    ``dipsjax export`` gives parameters that load into the task's model and reproduce the
+    run's last validation loss and accuracy (the task's own figure, well above chance)."""
     import math
 
     import numpy as np
 
     from dipsjax.export import load_model
     from dipsjax.launch.run import final_params
+    from dipsjax.runtime import progress
     from dipsjax.runtime.spec import RunSpec
     from dipsjax.sim.replay import replay
     from dipsjax.syncer.tape import EventTape
@@ -254,6 +256,9 @@ def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
     run = runs["dips"]
     curve = [p["val_loss"] for p in run["curve"]]
     assert run["method"] == "dips" and curve[-1] < 0.8 * curve[0], curve
+    # The task's own figure (its eval_metrics), beside the loss: chance is 1/3.
+    accuracy = [p["val_accuracy"] for p in run["curve"]]
+    assert run["final_val_accuracy"] == accuracy[-1] >= 0.85, accuracy
     t = run["token_count"]  # the simulator's books: learners' side against the leader's
     assert t["consumed"] == sum(
         t[k] for k in ("applied", "rejected", "dropped", "outstanding", "unpushed", "lost")
@@ -280,15 +285,28 @@ def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
     assert flat(replayed).keys() == flat(params).keys()
     for k, v in flat(params).items():
         np.testing.assert_array_equal(flat(replayed)[k], v, err_msg=str(k))
-    # Export, load into the task's model, evaluate: the run's last validation loss.
+    # Export, load into the task's model, evaluate: the run's last validation loss, and its
+    # accuracy exactly (a share of 128 examples), up from the initialization's (about 0.62:
+    # chance is 1/3, but the spirals' angle alone says much) to >= 0.8 (0.90 measured).
     out = work / "export"
     _run([bin_dir / "dipsjax", "export", run_dir, "--out", out], work, env)
     model = load_model(out)
     task = load_task(spec.sim)
+    assert task.outer_optimizer is not None  # the followers' outer step was the task's
     losses = [float(task.loss(model, b)) for b in task.validation]
-    last = summary["curve"][-1]
+    right = [float(task.eval_metrics(model, b)["accuracy"]) for b in task.validation]
+    first, last = summary["curve"][0], summary["curve"][-1]
     assert last["version"] == version and math.isnan(last["val_bpb"])
     assert sum(losses) / len(losses) == pytest.approx(last["val_loss"], rel=1e-5)
+    assert sum(right) / len(right) == last["val_accuracy"] >= 0.8, summary["curve"]
+    assert first["version"] == 0 and last["val_accuracy"] >= first["val_accuracy"] + 0.15
+    # The live evaluator's lines (eval.jsonl) carry the same figures for the same versions.
+    live = {p["version"]: p for p in progress.read_validation(run_dir)}
+    ends = {p["version"]: p for p in summary["curve"]}
+    assert 0 in live and len(live.keys() & ends.keys()) >= 2, (live.keys(), ends.keys())
+    for v in live.keys() & ends.keys():
+        assert live[v]["val_accuracy"] == ends[v]["val_accuracy"], v
+        assert live[v]["val_loss"] == pytest.approx(ends[v]["val_loss"], rel=1e-12), v
 
 
 def _flatten(tree, prefix=()):

@@ -109,13 +109,15 @@ def _make_spec(
     from dipsjax import outer
     from dipsjax.runtime.client import model_fingerprint, model_layout
     from dipsjax.syncer.schedule import assign_layers
-    from dipsjax.task import load_task
+    from dipsjax.task import load_task, outer_optimizer_of
 
     if credentials is not None:
         # Names what is missing or readable by others now, before anything is written.
         load_credentials(credentials)
     # Checks the settings before anything is written (the run folder included).
     probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **settings)
+    task = load_task(sim)
+    outer_optimizer_of(task, sim)  # the task's and the config's both set: an error now
     permissions.make_dir(run_dir)
     if credentials is None:
         credentials = create_credentials(Path(run_dir) / "credentials").directory
@@ -124,7 +126,7 @@ def _make_spec(
     fingerprint = model_fingerprint({p: (np.shape(flat[p]), flat[p].dtype) for p in paths})
     sizes = [4 * int(np.prod(np.shape(flat[p]))) for p in paths]
     n_followers = min(sim.followers, len(paths))
-    data = load_task(sim).source
+    data = task.source
     return RunSpec(
         sim=sim,
         leader=f"127.0.0.1:{free_port()}",
@@ -326,8 +328,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
 
 
 def evaluate_run(spec: RunSpec) -> list[dict[str, float]]:
-    """Validation loss of every saved version (the followers save one every ``eval_every``
-    versions and the last), with the leader's time and the tokens applied by then."""
+    """Validation figures of every saved version (the followers save one every
+    ``eval_every`` versions and the last: :meth:`dipsjax.sim.world.Evaluation.point`,
+    ``val_loss``, ``val_bpb`` and the task's own ``val_<name>``), with the leader's time and
+    the tokens applied by then; TensorBoard ``tb/eval``: ``eval/<figure>`` against them."""
     from tensorboardX import SummaryWriter
 
     from dipsjax.sim.world import World
@@ -348,16 +352,12 @@ def evaluate_run(spec: RunSpec) -> list[dict[str, float]]:
     curve = []
     tb = SummaryWriter(str(run_dir / "tb" / "eval"))
     for v in sorted(versions):
-        loss, bpb = world.evaluate(versions[v])
-        point = {
-            "version": v,
-            "t": ended.get(v, 0.0),
-            "tokens": tokens.get(v, 0),
-            "val_loss": loss,
-            "val_bpb": bpb,
-        }
+        figures = world.evaluate(versions[v]).point()
+        point = {"version": v, "t": ended.get(v, 0.0), "tokens": tokens.get(v, 0), **figures}
         curve.append(point)
-        tb.add_scalar("eval/val_loss", loss, point["tokens"])
+        for key, value in figures.items():  # every figure the task has (no NaN bpb)
+            if math.isfinite(value):
+                tb.add_scalar(f"eval/{key}", value, point["tokens"])
     tb.close()
     return curve
 
@@ -418,6 +418,7 @@ def report(spec: RunSpec, summary: dict[str, Any]) -> None:
         last = summary["curve"][-1]
         bpb = last["val_bpb"]  # NaN for a task without bits per byte (not a language model)
         extra = f" ({bpb:.3f} bits/byte)" if math.isfinite(bpb) else ""
+        extra += "".join(f", {k} {v:.4f}" for k, v in progress.other_figures(last).items())
         console.print(f"validation loss {last['val_loss']:.4f}{extra} at version {last['version']}")
     console.print(
         f"outputs: {run_dir}/tape.jsonl, timeline.png, loss.png, tb/ (tensorboard --logdir "

@@ -4,16 +4,18 @@ The followers save the model every ``eval_every`` versions (``RUN_DIR/follower{k
 one shard each). This process, which the local launcher starts beside the roles at the
 lowest CPU priority (``os.nice``) and ends with the job, polls for a version whose shards
 are all written, evaluates it on the run's validation data
-(``dipsjax.sim.world.World(spec.sim).evaluate``: the loss in nats per token and the bits
-per byte), and reports it:
+(``dipsjax.sim.world.World(spec.sim).evaluate``: the task's loss (for a language model in
+nats per token), its loss-derived figures (the bits per byte) and its own ``eval_metrics``
+(a classifier's accuracy)), and reports it:
 
 * ``RUN_DIR/eval.jsonl``: one line per version (``version``, ``tokens`` applied by then,
-  ``val_loss``, ``val_bpb``, the leader's ``t`` when the version was applied, ``time`` (Unix)
-  and ``seconds`` the evaluation took), which the launcher's console and ``dipsjax status``
+  ``val_loss``, ``val_bpb`` (NaN for a task without it), ``val_<name>`` for each of the
+  task's other figures, the leader's ``t`` when the version was applied, ``time`` (Unix) and
+  ``seconds`` the evaluation took), which the launcher's console and ``dipsjax status``
   show;
-* TensorBoard, ``RUN_DIR/tb/eval``: ``live/val_loss`` and ``live/val_bpb`` against the
-  tokens applied, with the wall time (the end-of-run evaluation writes ``eval/val_loss``
-  there for every saved version).
+* TensorBoard, ``RUN_DIR/tb/eval``: ``live/val_loss``, ``live/val_bpb`` and
+  ``live/val_<name>`` against the tokens applied, with the wall time (the end-of-run
+  evaluation writes ``eval/val_loss`` and the others there for every saved version).
 
 It never touches the learners' path: it reads files the followers have written. It starts
 with version 0 (the initialization: the baseline) unless a later one is saved. Fallen
@@ -138,14 +140,13 @@ class Evaluator:
             log.debug("version %d not readable yet (%s: %s)", v, type(e).__name__, e)
             return None
         t0 = time.perf_counter()
-        loss, bpb = self.world.evaluate(params)
+        figures = {k: float(v) for k, v in self.world.evaluate(params).point().items()}
         seconds = time.perf_counter() - t0
         tokens, t = applied(self.run_dir).get(version, (None, None))
         point = {
             "version": version,
             "tokens": tokens,
-            "val_loss": float(loss),
-            "val_bpb": float(bpb),
+            **figures,
             "t": t,
             "time": time.time(),
             "seconds": seconds,
@@ -155,10 +156,9 @@ class Evaluator:
         self.done.add(version)
         self.tensorboard(point)
         log.info(
-            "version %d: val_loss %.4f (%.3f bpb), %s tokens applied; evaluated in %.1f s",
+            "version %d: %s, %s tokens applied; evaluated in %.1f s",
             version,
-            loss,
-            bpb,
+            progress.validation_text([point]).rsplit(" at version", 1)[0],
             tokens,
             seconds,
         )
@@ -170,7 +170,7 @@ class Evaluator:
 
             self._tb = SummaryWriter(str(self.run_dir / "tb" / "eval"))
         step = point["tokens"] if point["tokens"] is not None else point["version"]
-        for key in ("val_loss", "val_bpb"):
+        for key in ("val_loss", "val_bpb", *progress.other_figures(point)):
             if math.isfinite(point[key]):
                 self._tb.add_scalar(f"live/{key}", point[key], step, walltime=point["time"])
         self._tb.flush()

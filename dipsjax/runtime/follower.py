@@ -61,6 +61,7 @@ from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
+from dipsjax.task import load_task, outer_optimizer_of
 from dipsjax.transport.dataplane import DataPlaneServer
 from dipsjax.transport.refusals import RefusalLog
 
@@ -95,7 +96,8 @@ class FollowerNode:
         # each pushed tensor's header is checked against these before its body is read
         self.shapes = {i: tuple(np.shape(flat[self.paths[i]])) for i in self.mine}
         method = methods.build(spec.sim.method, spec.method_settings())
-        tx = method.make_tx()
+        # The task's outer step, if it brings one (built lazily: no data is read here).
+        tx = method.make_tx(outer_optimizer_of(load_task(spec.sim), spec.sim))
         self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
         version, opt_state, ended = 0, None, []
         step = None if resume is None else resume_step(self.ckpt.steps(), resume)

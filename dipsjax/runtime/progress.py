@@ -9,7 +9,8 @@ learner's phase and the validation of the versions the evaluator has seen.
   ``waiting``, ``holding``) and ``exited``.
 * ``RUN_DIR/eval.jsonl``: one line per version the evaluator
   (:mod:`dipsjax.runtime.evaluator`) validated: ``{"version", "tokens", "val_loss",
-  "val_bpb", "t", "time", "seconds"}``.
+  "val_bpb", "t", "time", "seconds"}`` and ``val_<name>`` for each of the task's other
+  figures (its ``eval_metrics``, e.g. ``val_accuracy``).
 """
 
 from __future__ import annotations
@@ -91,11 +92,23 @@ def read_validation(run_dir: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def other_figures(point: dict[str, Any]) -> dict[str, float]:
+    """A point's ``val_<name>`` figures besides ``val_loss`` and ``val_bpb`` (a task's own
+    ``eval_metrics``, e.g. ``val_accuracy``), in the order written."""
+    return {
+        k: v
+        for k, v in point.items()
+        if k.startswith("val_") and k not in ("val_loss", "val_bpb") and isinstance(v, int | float)
+    }
+
+
 def validation_text(points: list[dict[str, Any]]) -> str:
-    """``val_loss 3.2101 (4.631 bpb) at version 8`` for the newest point, or ``""``."""
+    """``val_loss 3.2101 (4.631 bpb) at version 8`` (``val_loss 0.4012, val_accuracy 0.9375
+    at version 8`` for a task with its own figures) for the newest point, or ``""``."""
     if not points:
         return ""
     p = points[-1]
     bpb = p.get("val_bpb")  # NaN (or absent) for a task that is not a language model
     extra = f" ({bpb:.3f} bpb)" if isinstance(bpb, int | float) and math.isfinite(bpb) else ""
+    extra += "".join(f", {k} {v:.4f}" for k, v in other_figures(p).items())
     return f"val_loss {p['val_loss']:.4f}{extra} at version {p['version']}"

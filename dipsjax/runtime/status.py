@@ -87,6 +87,8 @@ def render(st: dict[str, Any]) -> Any:
     from rich.table import Table
     from rich.text import Text
 
+    from dipsjax.runtime import progress
+
     books = st["tokens"]
     outstanding = books["reported"] - books["applied"] - books["rejected"] - books["dropped"]
     budget = st.get("budget")
@@ -131,6 +133,7 @@ def render(st: dict[str, Any]) -> Any:
         tokens = "" if p.get("tokens") is None else f", {p['tokens']} tokens applied"
         bpb = p.get("val_bpb")  # NaN for a task that is not a language model
         bpb = f", val_bpb {bpb:.3f}" if isinstance(bpb, int | float) and math.isfinite(bpb) else ""
+        bpb += "".join(f", {k} {v:.4f}" for k, v in progress.other_figures(p).items())
         lines.append(
             Text(
                 f"validation: val_loss {p['val_loss']:.4f}{bpb} at version {p['version']}{tokens} "

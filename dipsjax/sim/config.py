@@ -38,8 +38,9 @@ class SimConfig:
 
     Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
     ``outer_momentum``); ``outer_optimizer`` names a function ``(learning_rate, momentum)
-    -> optax transform`` to use in its place (an extension). The global clip of the merged
-    update: ``outer_clip`` ``""`` (the method's: Di-PS clips at 1, the others do not),
+    -> optax transform`` to use in its place (an extension; a task may carry one instead,
+    :attr:`dipsjax.task.Task.outer_optimizer`: both set is an error). The global clip of
+    the merged update: ``outer_clip`` ``""`` (the method's: Di-PS clips at 1, the others not),
     ``"none"``, ``"absolute"`` (at ``outer_clip_norm``) or ``"relative"`` (EXTENSION: at
     ``outer_clip_norm`` times the median norm of the last ``outer_clip_history`` merged
     updates). ``anomaly_penalty=False`` turns Di-PS's penalty off. ``outer_preset`` names a
@@ -439,6 +440,12 @@ class SimResult:
             "phases": self.phases,
             "final_val_loss": self.final_loss,
             "final_val_bpb": self.final_bpb,
+            # The task's own figures (its eval_metrics: final_val_accuracy, ...).
+            **{
+                f"final_{k}": v
+                for k, v in (self.curve[-1] if self.curve else {}).items()
+                if k.startswith("val_") and k not in ("val_loss", "val_bpb")
+            },
             "ideal_tokens_per_second": self.ideal_tokens_per_second,
             "scaling_efficiency": self.tokens_per_second / self.ideal_tokens_per_second
             if self.ideal_tokens_per_second

@@ -29,7 +29,7 @@ from dipsjax.data import LocalLedger
 from dipsjax.learner.contribution import wire
 from dipsjax.sim.cluster import Clock
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World
+from dipsjax.sim.world import World, figures_text
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -60,19 +60,18 @@ def simulate_decentralized(
     training = [0] * m  # tokens of each learner's round in progress
 
     def record(t: float) -> None:
-        loss, bpb = world.evaluate(jax.device_get(replicas[0]))
+        figures = world.evaluate(jax.device_get(replicas[0])).point()
         curve.append(
             {
                 "t": t,
                 "version": applied[0],
                 "tokens_consumed": count["consumed"],
                 "tokens_applied": count["reported"],
-                "val_loss": loss,
-                "val_bpb": bpb,
+                **figures,
             }
         )
         if progress is not None:
-            progress(f"t={t:8.1f}s tokens={count['consumed']:9d} val_loss={loss:.4f}")
+            progress(f"t={t:8.1f}s tokens={count['consumed']:9d} {figures_text(figures)}")
 
     def apply(i: int, delta: Any) -> None:
         replicas[i], states[i] = _outer_step(tx, replicas[i], states[i], delta)

@@ -14,7 +14,7 @@ import numpy as np
 
 from dipsjax.data import LocalLedger
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World
+from dipsjax.sim.world import World, figures_text
 
 
 def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -> SimResult:
@@ -31,19 +31,18 @@ def simulate_dp(cfg: SimConfig, progress: Callable[[str], None] | None = None) -
     curve: list[dict[str, float]] = []
 
     def record() -> None:
-        loss, bpb = world.evaluate(model.params_dict())
+        figures = world.evaluate(model.params_dict()).point()
         curve.append(
             {
                 "t": t,
                 "version": steps,
                 "tokens_consumed": tokens,
                 "tokens_applied": tokens,
-                "val_loss": loss,
-                "val_bpb": bpb,
+                **figures,
             }
         )
         if progress is not None:
-            progress(f"t={t:8.1f}s step={steps:5d} tokens={tokens:9d} val_loss={loss:.4f}")
+            progress(f"t={t:8.1f}s step={steps:5d} tokens={tokens:9d} {figures_text(figures)}")
 
     while tokens < cfg.token_budget:
         parts = [s.next_batch() for s in streams]

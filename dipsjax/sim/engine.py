@@ -27,7 +27,7 @@ from dipsjax.learner import Learner
 from dipsjax.learner.contribution import add_global_change, delta_to_send, push_meta, wire
 from dipsjax.sim.cluster import Clock, LocalCluster
 from dipsjax.sim.config import SimConfig, SimResult, TokenCount
-from dipsjax.sim.world import World
+from dipsjax.sim.world import World, figures_text
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.learner import LearnerProtocol
@@ -304,21 +304,20 @@ class Engine:
     def record(self, t: float) -> None:
         v, params = self.cluster.model()
         totals = self.leader.ledger.totals()
-        loss, bpb = self.world.evaluate(params)
+        figures = self.world.evaluate(params).point()
         self.curve.append(
             {
                 "t": t,
                 "version": v,
                 "tokens_consumed": sum(sl.consumed for sl in self.learners),
                 "tokens_applied": totals["applied"],
-                "val_loss": loss,
-                "val_bpb": bpb,
+                **figures,
             }
         )
         if self.progress is not None:
             self.progress(
                 f"t={t:8.1f}s v={v:5d} tokens={self.curve[-1]['tokens_consumed']:9d} "
-                f"val_loss={loss:.4f} bpb={bpb:.3f}"
+                f"{figures_text(figures)}"
             )
 
     def run(self) -> SimResult:

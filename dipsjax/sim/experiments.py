@@ -147,6 +147,17 @@ def _table(name: str, summaries: dict[str, Any]) -> None:
         "scaling",
     ):
         table.add_column(col, justify="right")
+    # The task's own figures (its eval_metrics: final_val_accuracy, ...), one column each.
+    own = list(
+        dict.fromkeys(
+            k
+            for s in summaries.values()
+            for k in s
+            if k.startswith("final_val_") and k not in ("final_val_loss", "final_val_bpb")
+        )
+    )
+    for key in own:
+        table.add_column(key.removeprefix("final_").replace("_", " "), justify="right")
     for label, s in summaries.items():
         table.add_row(
             label,
@@ -158,6 +169,7 @@ def _table(name: str, summaries: dict[str, Any]) -> None:
             f"{s['outer_comm_time']:.0f}",
             f"{s['final_val_loss']:.4f}",
             f"{s['scaling_efficiency']:.1%}",
+            *(f"{s[k]:.4f}" if k in s else "-" for k in own),
         )
     Console().print(table)
 

@@ -15,18 +15,91 @@ model, data and token budget. Timing:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
+from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner
-from dipsjax.learner.round import evaluate
 from dipsjax.sim.config import WIRE_BYTES, SimConfig
 from dipsjax.syncer.schedule import assign_layers
-from dipsjax.task import load_task
+from dipsjax.task import load_task, outer_optimizer_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One validation of a model (:meth:`World.evaluate`).
+
+    Attributes:
+      loss: the task's validation loss, the mean of its batches' losses weighted by what
+        each counts (``count(batch)``; for a language model, nats per target token).
+      metrics: every other figure: the loss-derived ones (:attr:`dipsjax.task.Task.metrics`,
+        the language model's ``bits_per_byte``) and the task's own
+        (:attr:`dipsjax.task.Task.eval_metrics`, weighted as the loss), by name.
+      count: what the validation batches counted in all.
+    """
+
+    loss: float
+    metrics: dict[str, float]
+    count: int
+
+    @property
+    def bpb(self) -> float:
+        """Bits per byte (NaN for a task without them)."""
+        return float(self.metrics.get("bits_per_byte", math.nan))
+
+    def point(self) -> dict[str, float]:
+        """The figures as the reports name them: ``val_loss``, ``val_bpb`` (NaN for a task
+        without bits per byte) and ``val_<name>`` for every other metric."""
+        out = {"val_loss": self.loss, "val_bpb": self.bpb}
+        out.update({f"val_{k}": v for k, v in self.metrics.items() if k != "bits_per_byte"})
+        return out
+
+
+def figures_text(point: Mapping[str, float]) -> str:
+    """``val_loss=2.1043 bpb=3.036 val_accuracy=0.9375``: the ``val_*`` figures of a point
+    (:meth:`Evaluation.point`), bits per byte only where the task has them."""
+    parts = [f"val_loss={point['val_loss']:.4f}"]
+    if math.isfinite(point.get("val_bpb", math.nan)):
+        parts.append(f"bpb={point['val_bpb']:.3f}")
+    parts += [f"{k}={v:.4f}" for k, v in point.items() if k.startswith("val_") and k not in _SHOWN]
+    return " ".join(parts)
+
+
+_SHOWN = ("val_loss", "val_bpb")
+
+
+@functools.lru_cache(maxsize=16)
+def _eval_pass(graphdef: Any, loss: Any, eval_metrics: Any) -> Any:
+    """``(params, batch) -> (loss, {name: figure})``, jitted: the task's loss and its own
+    ``eval_metrics`` in one pass (one compiled function per model, loss and metrics)."""
+
+    def run(params: Any, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+        model = nnx.merge(graphdef, params)
+        figures = eval_metrics(model, batch)
+        if not isinstance(figures, Mapping):
+            raise TypeError(
+                f"Task.eval_metrics must return a dict {{name: scalar}}, got {type(figures)}"
+            )
+        out = {}
+        for name, value in figures.items():
+            if not isinstance(name, str) or jnp.shape(value) != ():
+                raise ValueError(
+                    f"Task.eval_metrics: figure {name!r} must be a scalar named by a string "
+                    f"(the batch's mean), got shape {jnp.shape(value)}"
+                )
+            out[name] = jnp.asarray(value, jnp.float32)
+        return jnp.asarray(loss(model, batch), jnp.float32), out
+
+    return jax.jit(run)
 
 
 class World:
@@ -95,7 +168,7 @@ class World:
         """Followers holding the initial model, one shard each, running the method's chain."""
         from dipsjax.syncer.follower import Follower
 
-        tx = method.make_tx()
+        tx = method.make_tx(outer_optimizer_of(self.task, self.cfg))
         return [
             Follower(k, shard, tx, reference=method.reference, **self.cfg.follower_options())
             for k, shard in enumerate(self.split(self.init_params))
@@ -111,10 +184,39 @@ class World:
         per_step = self.source.tokens_per_batch
         return sum(per_step / (self.cfg.step_time * s) for s in self.speed)
 
-    def evaluate(self, params: dict) -> tuple[float, float]:
+    def evaluate(self, params: dict) -> Evaluation:
+        """The task's validation figures of ``params`` (a parameter-shaped nested dict) on
+        its validation batches: the loss, its derived metrics and the task's own
+        ``eval_metrics`` (computed with the loss, under jit), each the mean over the batches
+        weighted by what they count."""
         self.evaluator.pull(params, version=0)
-        res = evaluate(self.evaluator.inner, self.evaluator.params, self.eval_batches)
-        return res.loss, self.task.bits_per_byte(res.loss)
+        inner, state = self.evaluator.inner, self.evaluator.params
+        own = self.task.eval_metrics
+        fn = None if own is None else _eval_pass(inner.graphdef, self.task.loss, own)
+        total, sums, count = 0.0, {}, 0
+        for batch in self.eval_batches:
+            n = inner.tokens_in(batch)
+            on_device = inner.put_batch(batch)
+            if fn is None:
+                loss, figures = inner.eval_loss(state, on_device), {}
+            else:
+                loss, figures = fn(state, on_device)
+            loss, figures = jax.device_get((loss, figures))
+            count += n
+            total += float(loss) * n
+            for name, value in figures.items():
+                sums[name] = sums.get(name, 0.0) + float(value) * n
+        loss = total / count
+        derived = self.task.extra_metrics(loss)
+        clash = ({"loss"} | set(derived)) & set(sums)
+        if clash:
+            raise ValueError(
+                f"task {self.task.name!r}: eval_metrics names {sorted(clash)} clash with the "
+                "loss or the loss-derived metrics"
+            )
+        figures = {k: float(v) for k, v in derived.items()}
+        figures.update({k: v / count for k, v in sums.items()})
+        return Evaluation(loss, figures, count)
 
     def train_time(self, j: int, steps: int) -> float:
         noise = (

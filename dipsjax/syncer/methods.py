@@ -115,15 +115,37 @@ class Method:
     grace: grace_lib.GracePolicy
     settings: MethodSettings
 
-    def make_tx(self) -> Any:
+    def make_tx(self, outer_optimizer: Any = None) -> Any:
         """The followers' outer chain (imports JAX). Equal methods get the same chain
         object: the followers' jitted steps take it as a static argument, so a process
-        that builds many worlds (the simulator, its replays, tests) compiles them once."""
-        return _make_tx(self.name, self.settings, self.leader.max_norm)
+        that builds many worlds (the simulator, its replays, tests) compiles them once.
+
+        ``outer_optimizer``: EXTENSION: the task's ``(learning_rate, momentum) -> optax
+        transform`` (:attr:`dipsjax.task.Task.outer_optimizer`, see
+        :func:`dipsjax.task.outer_optimizer_of`) in place of the chain's Nesterov step, as
+        :attr:`MethodSettings.outer_optimizer` names one; both given is a ``ValueError``.
+        The same function (by identity) with equal settings gives the same chain."""
+        if outer_optimizer is not None and self.settings.outer_optimizer:
+            raise ValueError(
+                "the task carries an outer_optimizer and the config names outer_optimizer="
+                f"{self.settings.outer_optimizer!r}: set one of them"
+            )
+        if outer_optimizer is not None:
+            try:
+                hash(outer_optimizer)  # the chains are cached by it
+                usable = callable(outer_optimizer)
+            except TypeError:
+                usable = False
+        if outer_optimizer is not None and not usable:
+            raise TypeError(
+                "outer_optimizer must be a hashable function (learning_rate, momentum) -> "
+                f"optax transform, got {outer_optimizer!r}"
+            )
+        return _make_tx(self.name, self.settings, self.leader.max_norm, outer_optimizer)
 
 
 @functools.lru_cache(maxsize=64)
-def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
+def _make_tx(name: str, s: MethodSettings, max_norm: float | None, fn: Any = None) -> Any:
     from dipsjax import outer
 
     a = s.anomaly
@@ -132,7 +154,9 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None) -> Any:
     if s.outer_optimizer:
         from dipsjax.task import resolve
 
-        step = resolve(s.outer_optimizer)(lr, mom)
+        fn = resolve(s.outer_optimizer)
+    if fn is not None:
+        step = fn(lr, mom)
     if name == "dips":
         return outer.dips(
             lr,

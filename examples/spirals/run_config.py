@@ -1,5 +1,6 @@
 """``dipsjax run run_config.py``: the spirals task (spirals.py) across a local job: a leader,
-one follower and two learners of different speeds, Di-PS."""
+one follower and two learners of different speeds, Di-PS, the followers' outer step the
+task's own (``outer="sgd"``: momentum SGD in place of the papers' Nesterov)."""
 
 import ml_collections
 
@@ -10,7 +11,7 @@ def get_config(arg=None):
     cfg.sim = dict(
         method="dips",
         task="spirals:get_task",
-        task_args={"hidden": 32},
+        task_args={"hidden": 32, "outer": "sgd"},
         learners=2,
         followers=1,
         batch_size=32,

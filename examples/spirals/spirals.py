@@ -68,8 +68,25 @@ def loss(model: MLP, batch: dict[str, jax.Array]) -> jax.Array:
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]))
 
 
-def get_task(cfg, hidden: int = 32, eval_batches: int = 4) -> Task:
-    """The spirals task of experiment ``cfg`` (its ``batch_size`` and ``seed``)."""
+def accuracy(model: MLP, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The task's own validation figure: the share of the batch classified right (reported
+    as ``val_accuracy`` beside the loss; chance is 1/3)."""
+    right = jnp.argmax(model(batch["x"]), axis=-1) == batch["y"]
+    return {"accuracy": jnp.mean(right.astype(jnp.float32))}
+
+
+def outer_sgd(learning_rate: float, momentum: float) -> optax.GradientTransformation:
+    """The followers' outer step as plain momentum SGD (``optax.sgd``) in place of the
+    papers' Nesterov (called with the config's ``outer_lr`` and ``outer_momentum``)."""
+    return optax.sgd(learning_rate, momentum=momentum)
+
+
+def get_task(cfg, hidden: int = 32, eval_batches: int = 4, outer: str = "nesterov") -> Task:
+    """The spirals task of experiment ``cfg`` (its ``batch_size`` and ``seed``); ``outer``:
+    the followers' outer step, ``"nesterov"`` (the config's: the papers') or ``"sgd"``
+    (:func:`outer_sgd`, carried by the task)."""
+    if outer not in ("nesterov", "sgd"):
+        raise ValueError(f"spirals: outer must be 'nesterov' or 'sgd', got {outer!r}")
     rng = np.random.default_rng((cfg.seed, 10**6))  # held out: another stream
     return Task(
         name="spirals",
@@ -77,4 +94,6 @@ def get_task(cfg, hidden: int = 32, eval_batches: int = 4) -> Task:
         loss=loss,
         data=lambda: SpiralChunks(cfg.batch_size, seed=cfg.seed),
         eval_batches=[spirals(rng, cfg.batch_size) for _ in range(eval_batches)],
+        eval_metrics=accuracy,
+        outer_optimizer=outer_sgd if outer == "sgd" else None,
     )

@@ -327,9 +327,8 @@ def _task_without_data(cfg):
 def test_a_contributors_node_never_builds_the_jobs_data(tmp_path, monkeypatch):
     # The user's loop reads its own data: the node in the user's process must not load the
     # job's corpus (for a large task, the whole training set in a user's notebook).
-    from dipsjax.runtime.contributor import ContributorNode
-
     from dipsjax.runtime import credentials
+    from dipsjax.runtime.contributor import ContributorNode
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     sim = _sim(task="test_contributor:_task_without_data")

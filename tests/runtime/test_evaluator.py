@@ -61,7 +61,12 @@ def test_the_evaluator_reports_each_new_version_and_ends_with_the_job(tmp_path):
     point = ev.step()
     assert point["version"] == 4 and point["tokens"] == 100 + 200 + 300 + 400
     assert point["t"] == 4.0 and math.isfinite(point["val_loss"]) and point["val_bpb"] > 0
-    assert point["val_loss"] != first["val_loss"]
+    # The figures of version 4's parameters (not version 2's, the initialization's),
+    # computed here by World.evaluate on the parameters this test saved.
+    mine = ev.world.evaluate(outer.unflatten(moved))
+    assert point["val_loss"] == mine.loss and point["val_bpb"] == mine.bpb
+    assert mine.bpb == pytest.approx(mine.loss / math.log(2))  # byte-level tokens
+    assert point["val_loss"] != first["val_loss"] == ev.world.evaluate(init).loss
     lines = progress.read_validation(run_dir)
     assert [p["version"] for p in lines] == [0, 4] and lines[-1] == point
     assert "at version 4" in progress.validation_text(lines)
@@ -75,3 +80,37 @@ def test_the_evaluator_reports_each_new_version_and_ends_with_the_job(tmp_path):
     assert tb["live/val_bpb"][-1][1] == pytest.approx(point["val_bpb"], rel=1e-6)
     again = evaluator.Evaluator(spec)
     assert again.done == {0, 4} and again.pending() is None
+
+
+def test_a_task_s_own_figures_reach_eval_jsonl_tensorboard_and_the_console(tmp_path, monkeypatch):
+    """A task with ``eval_metrics`` (two figures): each version's line carries them as
+    ``val_<name>``, equal to ``World.evaluate``'s on the same parameters; TensorBoard has
+    ``live/val_<name>``; the console line names them; no bits per byte for this task."""
+    from tests.sim.test_task_api import FIGURES_TASK
+
+    (tmp_path / "figures_task.py").write_text(FIGURES_TASK)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(task="figures_task:get_task", learners=1, followers=1), run_dir)
+    ev = evaluator.Evaluator(spec)
+    assert ev.step()["version"] == 0
+    moved = {k: v * -0.5 for k, v in outer.flatten(ev.world.init_params).items()}
+    _save(run_dir, 2, outer.unflatten(moved))
+    point = ev.step()
+    mine = ev.world.evaluate(outer.unflatten(moved))
+    assert point["version"] == 2 and math.isnan(point["val_bpb"])
+    assert point["val_loss"] == mine.loss
+    assert (point["val_above"], point["val_mae"]) == (mine.metrics["above"], mine.metrics["mae"])
+    assert mine.metrics["above"] != ev.world.evaluate(ev.world.init_params).metrics["above"]
+    line = progress.read_validation(run_dir)[-1]
+    assert line.keys() == point.keys() and line["val_above"] == point["val_above"]
+    text = progress.validation_text([point])
+    assert text == (
+        f"val_loss {mine.loss:.4f}, val_above {point['val_above']:.4f}, val_mae "
+        f"{point['val_mae']:.4f} at version 2"
+    )
+    ev.close()
+    tb = scalars(run_dir / "tb" / "eval")
+    assert "live/val_bpb" not in tb  # NaN: not written
+    assert [v for _, v in tb["live/val_above"]][-1] == pytest.approx(point["val_above"])
+    assert [v for _, v in tb["live/val_mae"]][-1] == pytest.approx(point["val_mae"], rel=1e-6)

@@ -85,6 +85,7 @@ def test_status_shows_each_learners_phase_and_the_newest_validation(run, capsys)
     progress.write_phase(run_dir, 0, "training")
     progress.write_phase(run_dir, 1, "compiling")
     point = {"version": 1, "tokens": 6144, "val_loss": 3.21, "val_bpb": 4.631, "t": 2.0}
+    point["val_accuracy"] = 0.4375  # a task's own figure (its eval_metrics)
     (run_dir / progress.EVAL_FILE).write_text(json.dumps(point) + "\n" + '{"version": 2, "va')
     assert status_cmd.main([str(run_dir), "--json", "--timeout", "30"]) == 0
     st = json.loads(capsys.readouterr().out)
@@ -92,7 +93,7 @@ def test_status_shows_each_learners_phase_and_the_newest_validation(run, capsys)
     assert st["phases"] == {"0": "training", "1": "compiling"}
     assert status_cmd.main([str(run_dir), "--once", "--timeout", "30"]) == 0
     out = capsys.readouterr().out
-    assert "validation: val_loss 3.2100, val_bpb 4.631 at version 1" in out
+    assert "validation: val_loss 3.2100, val_bpb 4.631, val_accuracy 0.4375 at version 1" in out
     assert "compiling" in out and "training" in out
 
 

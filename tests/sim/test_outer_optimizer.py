@@ -2,11 +2,18 @@
 path whose optax transform takes the place of the chain's Nesterov step, on every follower.
 The toy world's engine runs the real followers' chains (``World.followers``)."""
 
+import dataclasses
+import textwrap
+
 import jax
 import numpy as np
+import optax
+import pytest
 
+from dipsjax.sim.config import SimConfig
 from dipsjax.sim.engine import Engine
 from dipsjax.syncer import methods
+from dipsjax.task import load_task
 
 from .toy_world import ToyWorld, toy_config
 
@@ -42,7 +49,7 @@ def test_the_outer_clip_and_penalty_are_settings_with_the_papers_values_by_name(
     """Every method can clip at an absolute threshold, none, or (EXTENSION) relative to the
     running median; the Di-PS penalty turns off; ``dips-paper`` is today's default."""
     default, base = _final()
-    paper, named = _final(outer_preset="dips-paper")
+    _, named = _final(outer_preset="dips-paper")
     for a, b in zip(base, named, strict=True):
         np.testing.assert_array_equal(a, b)
     # A tiny absolute threshold binds in every round, with the factor min(1, c / ||u||).
@@ -66,3 +73,104 @@ def test_the_outer_clip_and_penalty_are_settings_with_the_papers_values_by_name(
     assert "clip" in tx.init({"w": np.zeros(2)})
     plain = toy_config(method="decoupled").method_settings()
     assert "clip" not in methods.build("decoupled", plain).make_tx().init({"w": np.zeros(2)})
+
+
+# ---- the task's outer optimizer (Task.outer_optimizer) -------------------------------------
+
+OUTER_TASK = textwrap.dedent(
+    """
+    import numpy as np, optax
+    from flax import nnx
+    from dipsjax.task import Task
+
+    class Source:
+        num_chunks, batches_per_chunk, tokens_per_batch = 4, 2, 8
+        def batch(self, chunk, index):
+            rng = np.random.default_rng((chunk, index))
+            return {"x": rng.standard_normal((8, 3)).astype(np.float32)}
+
+    class Lin(nnx.Module):
+        def __init__(self, rngs):
+            self.w = nnx.Linear(3, 1, rngs=rngs)
+        def __call__(self, x):
+            return self.w(x)
+
+    def loss(model, batch):
+        return ((model(batch["x"]) - 1.0) ** 2).mean()
+
+    def get_task(cfg, outer=False):
+        return Task(name="lin", model=Lin, loss=loss, data=Source,
+                    eval_batches=[Source().batch(9, 0)],
+                    outer_optimizer=optax.sgd if outer else None)
+    """
+)
+
+
+def _outer_update(tx, deltas):
+    """One outer step of ``tx`` on two learners' pseudo-gradients (equal tokens)."""
+    stacked = jax.tree.map(lambda *xs: np.stack(xs), *deltas)
+    params = jax.tree.map(np.zeros_like, deltas[0])
+    ones = np.ones(len(deltas), np.float32)
+    updates, _ = tx.update(stacked, tx.init(params), tokens=ones, steps=ones, mask=ones)
+    return jax.tree.map(np.asarray, updates)
+
+
+def test_a_task_s_outer_sgd_steps_as_the_config_s_and_both_set_is_an_error():
+    # (their mean's norm under the Di-PS chain's clipping threshold, 1)
+    deltas = [{"w": np.array([0.25, -0.5], np.float32)}, {"w": np.array([0.75, 0.5], np.float32)}]
+    plain = methods.MethodSettings(learners=2, outer_lr=1.0, outer_momentum=0.0)
+    by_config = dataclasses.replace(plain, outer_optimizer="optax:sgd")
+    for name in ("sync_diloco", "dips"):
+        from_task = methods.build(name, plain).make_tx(optax.sgd)
+        from_config = methods.build(name, by_config).make_tx()
+        assert "outer" in from_task.init(deltas[0])  # the step named as the config's is
+        got = _outer_update(from_task, deltas)["w"]
+        np.testing.assert_array_equal(got, _outer_update(from_config, deltas)["w"])
+        # SGD at learning rate 1 without momentum: minus the learners' mean, exactly.
+        np.testing.assert_array_equal(got, np.array([-0.5, 0.0], np.float32))
+        papers = methods.build(name, methods.MethodSettings(learners=2)).make_tx()
+        assert not np.array_equal(got, _outer_update(papers, deltas)["w"])  # -0.7*1.8*mean
+        # One chain per method, settings and function: the followers' jit compiles once.
+        assert methods.build(name, plain).make_tx(optax.sgd) is from_task
+        assert methods.build(name, plain).make_tx() is not from_task
+        with pytest.raises(ValueError, match="set one of them"):
+            methods.build(name, by_config).make_tx(optax.sgd)
+        with pytest.raises(TypeError, match="must be a hashable function"):
+            methods.build(name, plain).make_tx("optax:sgd")
+
+
+@pytest.fixture
+def outer_task(tmp_path, monkeypatch):
+    (tmp_path / "outer_task.py").write_text(OUTER_TASK)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_simulator_and_a_follower_process_build_the_task_s_outer_step(outer_task):
+    from dipsjax.launch.run import make_spec
+    from dipsjax.runtime.follower import FollowerNode
+    from dipsjax.sim.world import World
+
+    cfg = SimConfig(task="outer_task:get_task", task_args={"outer": True}, learners=2)
+    world = World(cfg)
+    method = world.method()
+    tx = method.make_tx(optax.sgd)
+    assert load_task(cfg).outer_optimizer is optax.sgd
+    assert all(f.tx is tx for f in world.followers(method)) and tx is not method.make_tx()
+    # The follower process (a node built, not started: no leader) runs the same chain.
+    spec = make_spec(cfg, outer_task / "run", tls=False, checkpoints=False)
+    node = FollowerNode(spec, 0, port=0)
+    node_method = methods.build(spec.sim.method, spec.method_settings())
+    try:
+        assert node.follower.tx is node_method.make_tx(optax.sgd)
+        assert node.follower.tx is not node_method.make_tx()
+    finally:
+        node.data.close()
+        node.tb.close()
+    # The config naming one too: an error before anything starts, and in the world.
+    both = dataclasses.replace(cfg, outer_optimizer="optax:sgd")
+    with pytest.raises(ValueError, match="carries an outer_optimizer and the config names"):
+        make_spec(both, outer_task / "run2")
+    assert not (outer_task / "run2").exists()
+    with pytest.raises(ValueError, match="set one of them"):
+        World(both).followers(World(both).method())

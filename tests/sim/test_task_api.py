@@ -6,6 +6,7 @@ import dataclasses
 import re
 import textwrap
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -127,3 +128,103 @@ def test_task_arguments_are_scalars_or_lists():
     assert dict(cfg.task_args) == {"hidden": 8, "sizes": (1, 2), "name": "x"}
     with pytest.raises(ValueError, match="task argument of type dict"):
         SimConfig(task_args={"nested": {"a": 1}})
+
+
+FIGURES_TASK = textwrap.dedent(
+    """
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+    from dipsjax.task import Task
+
+    class Source:
+        num_chunks, batches_per_chunk, tokens_per_batch = 4, 2, 8
+        def batch(self, chunk, index):
+            rng = np.random.default_rng((chunk, index))
+            return {"x": rng.standard_normal((8, 3)).astype(np.float32)}
+
+    class Lin(nnx.Module):
+        def __init__(self, rngs):
+            self.w = nnx.Linear(3, 1, rngs=rngs)
+        def __call__(self, x):
+            return self.w(x)[:, 0]
+
+    def loss(model, batch):
+        return ((model(batch["x"]) - 1.0) ** 2).mean()
+
+    def figures(model, batch, broken=None):
+        pred = model(batch["x"])
+        if broken == "loss":
+            return {"loss": pred.mean()}
+        if broken == "shape":
+            return {"above": pred}
+        return {"above": (pred > 0.0).mean(), "mae": jnp.abs(pred - 1.0).mean()}
+
+    def get_task(cfg, broken=None):
+        # Validation batches of 8, 3 and 5 examples, each counting its examples.
+        rng = np.random.default_rng(7)
+        val = [{"x": rng.standard_normal((n, 3)).astype(np.float32)} for n in (8, 3, 5)]
+        return Task(name="lin", model=Lin, loss=loss, data=Source, eval_batches=val,
+                    count=lambda b: len(b["x"]),
+                    eval_metrics=lambda m, b: figures(m, b, broken))
+    """
+)
+
+
+def test_a_task_s_own_figures_are_count_weighted_means_beside_the_loss(tmp_path, monkeypatch):
+    """``Task.eval_metrics``: computed with the loss (under jit) on every validation batch
+    and averaged weighted by ``count(batch)``, as the loss is; checked against the same
+    figures computed batch by batch on the model itself, in NumPy."""
+    from dipsjax.export import put_params
+    from dipsjax.sim.world import World, figures_text
+
+    (tmp_path / "figures_task.py").write_text(FIGURES_TASK)
+    monkeypatch.chdir(tmp_path)
+    cfg = SimConfig(task="figures_task:get_task", learners=1, seed=3)
+    world = World(cfg)
+    params = jax.tree.map(lambda x: np.asarray(x) * 0.5, world.init_params)
+    got = world.evaluate(params)
+    model = put_params(world.task.model(nnx.Rngs(0)), params)
+    preds = [np.asarray(model(b["x"]), np.float64) for b in world.task.validation]
+    n = np.array([len(p) for p in preds], np.float64)
+    assert got.count == 16 and list(n) == [8, 3, 5]
+    want = {
+        "loss": [np.mean((p - 1.0) ** 2) for p in preds],
+        "above": [np.mean(p > 0.0) for p in preds],
+        "mae": [np.mean(np.abs(p - 1.0)) for p in preds],
+    }
+    want = {k: float(np.sum(np.array(v) * n) / n.sum()) for k, v in want.items()}
+    # the unweighted mean of the batches' figures differs: the weights matter here
+    assert abs(np.mean([np.mean(p > 0.0) for p in preds]) - want["above"]) > 0.01
+    assert got.loss == pytest.approx(want["loss"], rel=1e-5)
+    assert got.metrics.keys() == {"above", "mae"}
+    assert got.metrics["above"] == pytest.approx(want["above"], rel=1e-6)
+    assert got.metrics["mae"] == pytest.approx(want["mae"], rel=1e-5)
+    point = got.point()
+    assert list(point) == ["val_loss", "val_bpb", "val_above", "val_mae"]
+    assert np.isnan(point["val_bpb"]) and point["val_above"] == got.metrics["above"]
+    assert figures_text(point) == (
+        f"val_loss={got.loss:.4f} val_above={point['val_above']:.4f} val_mae={point['val_mae']:.4f}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("broken", "match"),
+    [("loss", r"eval_metrics names \['loss'\] clash"), ("shape", "'above' must be a scalar")],
+)
+def test_what_a_task_s_own_figures_get_wrong_is_named(tmp_path, monkeypatch, broken, match):
+    from dipsjax.sim.world import World
+
+    (tmp_path / "figures_task.py").write_text(FIGURES_TASK)
+    monkeypatch.chdir(tmp_path)
+    world = World(SimConfig(task="figures_task:get_task", task_args={"broken": broken}))
+    with pytest.raises(ValueError, match=match):
+        world.evaluate(world.init_params)
+    with pytest.raises(TypeError, match=re.escape("Task.eval_metrics must be callable or None")):
+        Task(
+            name="x",
+            model=lambda r: None,
+            loss=lambda m, b: 0.0,
+            data=lambda: None,
+            eval_metrics="accuracy",
+        )

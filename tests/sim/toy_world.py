@@ -22,7 +22,7 @@ import numpy as np
 from dipsjax.data.pipeline import TokenChunks, chunk_tokens
 from dipsjax.learner.round import Contribution
 from dipsjax.sim.config import SimConfig
-from dipsjax.sim.world import World
+from dipsjax.sim.world import Evaluation, World
 from dipsjax.syncer.schedule import assign_layers
 
 SHAPES = {"a": (4,), "b": (3,)}
@@ -146,9 +146,9 @@ class ToyWorld(World):
             for k, shard in enumerate(self.split(self.init_params))
         ]
 
-    def evaluate(self, params: dict) -> tuple[float, float]:
+    def evaluate(self, params: dict) -> Evaluation:
         loss = float(sum(np.sum(np.square(np.asarray(v))) for v in params.values()))
-        return loss, loss
+        return Evaluation(loss, {"bits_per_byte": loss}, 1)
 
 
 def batch_id(cfg: SimConfig, tokens: np.ndarray) -> tuple[int, int]:

@@ -583,6 +583,10 @@ def _launch(
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 break
+        helper = procs.helpers.get("evaluator")
+        if helper is not None:  # it evaluates the job's last version, then ends by itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                helper.wait(90)
     finally:
         procs.stop()
         signal.signal(signal.SIGTERM, previous)

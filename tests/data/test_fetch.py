@@ -28,7 +28,7 @@ def offline(monkeypatch):
 def _archive(name):
     path = fetch.data_dir() / "archives" / name
     if not path.is_file():
-        pytest.skip(f"{path} not present (run `python -m dipsjax.data.fetch`)")
+        pytest.fail(f"{path} not present: scripts/setup.sh fetches it")
     return path
 
 

@@ -27,8 +27,9 @@ learner's *data position* is just the piece and batch it is on: a
 :class:`~dipsjax.data.pipeline.BatchStream` reads each piece through a grain dataset
 iterator, and its :class:`~dipsjax.data.pipeline.StreamPosition` keeps the books with that
 iterator's checkpointable state; the learner's checkpoints keep it and replay reads the
-pieces again. ``batch`` is called from the reading thread, one call at a time. Every batch counts the same ``tokens_per_batch`` in the job's books (the
-"tokens" of a non-text task are whatever unit it counts: examples, pixels, ...).
+pieces again. ``batch`` is called from the reading thread, one call at a time. Every
+batch counts the same ``tokens_per_batch`` in the job's books (the "tokens" of a non-text
+task are whatever unit it counts: examples, pixels, ...).
 
 Sharding. On a partition mesh the learner places every leaf of a batch with its leading
 axis split over the mesh's ``data`` axis, and parameters as their NNX sharding annotations

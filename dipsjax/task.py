@@ -28,10 +28,13 @@ The built-in LLaMA language model on a text corpus is one task among others
 Data. A :class:`DataSource` gives deterministic batches by ``(chunk, index)``: chunks are
 the leader's unit of data assignment (a learner leases a piece of a chunk, trains it, and
 the ledger settles it once its push is applied, or gives it back when it is lost), so a
-learner's *data position* is just the piece and batch it is on
-(:class:`~dipsjax.data.pipeline.StreamPosition`), which its checkpoints keep and replay
-reads again. Every batch counts the same ``tokens_per_batch`` in the job's books (the
-"tokens" of a non-text task are whatever unit it counts: examples, pixels, ...).
+learner's *data position* is just the piece and batch it is on: a
+:class:`~dipsjax.data.pipeline.BatchStream` reads each piece through a grain dataset
+iterator, and its :class:`~dipsjax.data.pipeline.StreamPosition` keeps the books with that
+iterator's checkpointable state; the learner's checkpoints keep it and replay reads the
+pieces again. ``batch`` is called from the reading thread, one call at a time. Every
+batch counts the same ``tokens_per_batch`` in the job's books (the "tokens" of a non-text
+task are whatever unit it counts: examples, pixels, ...).
 
 Sharding. On a partition mesh the learner places every leaf of a batch with its leading
 axis split over the mesh's ``data`` axis, and parameters as their NNX sharding annotations

@@ -4,14 +4,28 @@ Chunks. :func:`chunk_tokens` cuts a stream of ``N`` tokens into ``(N - 1) // chu
 chunks; chunk ``i`` is ``tokens[i*chunk_len : (i+1)*chunk_len + 1]`` (one token of overlap
 with the next chunk), so each chunk holds exactly ``chunk_len`` next-token *targets* and every
 target of the stream except the last ``(N - 1) % chunk_len`` belongs to exactly one chunk.
+:class:`TokenChunks` is the :class:`~dipsjax.task.DataSource` of such chunks held in memory
+(:class:`~dipsjax.data.records.RecordChunks` reads the same batches from ArrayRecord files).
 
-Training batches. :class:`BatchStream` reads chunks in the order given by a *source* (a fixed
-sequence of chunk ids or pieces, or a callable such as a ledger lease) and yields :class:`Batch`
-``tokens`` of shape ``int32[batch_size, seq_len + 1]`` (inputs ``[:, :-1]``, targets
-``[:, 1:]``). A chunk holds ``chunk_len // seq_len`` sequences, read in order, and a whole
-number of batches (a batch never spans chunks). Its :class:`StreamPosition` (a few ints) is
-checkpointable, and ``BatchStream(..., position=p)`` continues exactly where the stream was
-when ``p`` was taken. Each batch counts ``batch_size * seq_len`` tokens.
+Training batches. :class:`BatchStream` reads *pieces* (a chunk, or batches ``start .. end - 1``
+of it: a ledger's lease) in the order given by a *source* (a fixed sequence, or a callable
+such as a ledger lease) and yields :class:`Batch` ``tokens`` of shape ``int32[batch_size,
+seq_len + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``). A chunk holds ``chunk_len //
+seq_len`` sequences, read in order, and ``chunk_len // (batch_size * seq_len)`` batches (a
+batch never spans chunks). Each batch counts ``batch_size * seq_len`` tokens.
+
+grain is the loader within a piece: a piece is read through a grain dataset iterator,
+``grain.MapDataset.range(start, end).map(read batch i of the chunk)
+.to_iter_dataset(ReadOptions(...))``, in the caller's thread or, with ``prefetch=N``, up
+to ``N`` batches ahead in a background thread (never past the piece: the next piece is
+the ledger's to give). The iterator's checkpointable state is the data position within
+the piece: :class:`StreamPosition` keeps the books (pieces taken, batches and tokens
+yielded, the piece being read and the next batch of it) and grain's ``get_state()`` of
+that piece's iterator verbatim (``reader``); ``BatchStream(..., position=p)`` opens the
+piece again, restores the iterator with ``set_state(p.reader)`` and continues exactly where
+the stream was when ``p`` was taken (the first batch read is checked against the books).
+A position is a few ints and a small dict, JSON-serializable; positions written before
+grain read the pieces (``offset`` without ``reader``) are read as before.
 
 Validation. :func:`validation_batches` covers every target of a token stream exactly once with
 padded batches and a mask; :func:`validation_data` gives the held-out text of a corpus with
@@ -20,6 +34,7 @@ its byte count, so ``bits/byte = sum(nll_nats * mask) / (ln 2 * num_bytes)``.
 Corpora. :func:`train_chunks` and :func:`validation_data` take a built-in corpus name
 (``austen``, ``shakespeare``) or the path of a folder of UTF-8 ``*.txt`` files, with
 ``validation_doc`` naming the held-out file(s) by stem (see :mod:`dipsjax.data.corpus`).
+grain is imported when a stream reads its first piece (not with this module).
 """
 
 from __future__ import annotations
@@ -85,15 +100,28 @@ def train_chunks(
     return chunk_tokens(corpus.tokens(tokenizer), chunk_len)
 
 
+def reader_state(next_index: int) -> dict[str, Any]:
+    """grain's iterator state (``get_state()``) for a piece iterator about to read its
+    ``next_index``-th batch: what a position without a ``reader`` (written before grain read
+    the pieces, or made by hand from an offset) is restored with."""
+    return {"next_index": int(next_index)}
+
+
 @dataclass(frozen=True)
 class StreamPosition:
     """Where a :class:`BatchStream` stands; small, JSON-serializable, exact for resuming.
 
-    ``chunk``: the chunk being read (``None`` between pieces); ``offset``: the next batch
-    of it to read; ``start`` and ``end``: the piece being read, batches ``start .. end - 1``
-    (``end`` ``None``: to the chunk's end); ``chunks_taken``: pieces taken from the source so
-    far (the index of the next one in a fixed order); ``batches`` and ``tokens`` (``batches
-    * batch_size * seq_len``): batches and target tokens yielded so far.
+    The books: ``chunks_taken``: pieces taken from the source so far (the index of the next
+    one in a fixed order); ``batches`` and ``tokens`` (``batches * tokens_per_batch``):
+    batches and target tokens yielded so far; ``chunk``: the chunk of the piece being read
+    (``None`` between pieces), ``start`` and ``end`` that piece, batches ``start .. end - 1``
+    (``end`` ``None``: to the chunk's end), ``offset`` the next batch of it to read.
+
+    ``reader``: the state of grain's iterator over that piece (its ``get_state()``, kept
+    verbatim; ``None`` between pieces): a resumed stream restores the iterator with it
+    (``set_state``). A position given an ``offset`` but no ``reader`` (the form written
+    before grain read the pieces) gets the state of an iterator about to read ``offset``
+    (:func:`reader_state`).
     """
 
     chunk: int | None = None
@@ -103,12 +131,23 @@ class StreamPosition:
     tokens: int = 0
     start: int = 0
     end: int | None = None
+    reader: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk is not None and self.reader is None:
+            object.__setattr__(self, "reader", reader_state(self.offset - self.start))
+
+    __hash__ = None  # type: ignore[assignment]  # ``reader`` is a dict
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StreamPosition:
+        """The position :meth:`to_dict` gave, or one of the older form (no ``reader``)."""
+        reader = d.get("reader")
+        if reader is not None and not isinstance(reader, dict):
+            raise ValueError(f"stream position: reader must be grain's state dict, got {reader!r}")
         return cls(
             chunk=None if d["chunk"] is None else int(d["chunk"]),
             offset=int(d["offset"]),
@@ -117,6 +156,7 @@ class StreamPosition:
             tokens=int(d["tokens"]),
             start=int(d.get("start", 0)),
             end=None if d.get("end") is None else int(d["end"]),
+            reader=None if reader is None else dict(reader),
         )
 
     def to_json(self) -> str:
@@ -157,46 +197,105 @@ class Batch(NamedTuple):
 
 
 class TokenChunks:
-    """The :class:`~dipsjax.task.DataSource` of a token corpus cut into chunks
+    """The :class:`~dipsjax.task.DataSource` of a token corpus cut into chunks held in memory
     (:func:`chunk_tokens`, ``int32[num_chunks, chunk_len + 1]``), read as batches
     ``int32[batch_size, seq_len + 1]``: batch ``b`` of chunk ``c`` holds sequences
     ``b*batch_size .. (b+1)*batch_size - 1`` of ``c``, sequence ``j`` being
     ``chunks[c, j*seq_len : (j+1)*seq_len + 1]``; each counts ``batch_size * seq_len``
-    target tokens. ``chunk_len`` must be a multiple of ``batch_size * seq_len``: a batch
-    never spans two chunks."""
+    target tokens. A chunk holds ``batches_per_chunk = chunk_len // (batch_size *
+    seq_len)`` batches (at least one): a batch never spans two chunks, and a chunk's tokens
+    past its last whole batch are not read. :class:`~dipsjax.data.records.RecordChunks`
+    gives the same batches from ArrayRecord files (``records.MemoryChunks`` is this class).
+    """
 
-    def __init__(self, chunks: np.ndarray, *, batch_size: int, seq_len: int) -> None:
+    def __init__(self, chunks: np.ndarray, batch_size: int, seq_len: int) -> None:
+        chunks = np.asarray(chunks)
         if chunks.ndim != 2 or chunks.shape[1] < 2:
             raise ValueError(f"chunks must be [num_chunks, chunk_len + 1], got {chunks.shape}")
-        chunk_len = chunks.shape[1] - 1
-        if batch_size < 1 or seq_len < 1 or chunk_len % (batch_size * seq_len):
-            raise ValueError(
-                f"chunk_len {chunk_len} must be a multiple of batch_size * seq_len "
-                f"({batch_size} * {seq_len}) so that a batch never spans two chunks"
-            )
+        if chunks.dtype.kind not in "iu":
+            raise TypeError(f"chunks must hold integer token ids, got dtype {chunks.dtype}")
         self.chunks = chunks
-        self.batch_size, self.seq_len = batch_size, seq_len
+        self.chunk_len = chunks.shape[1] - 1
+        self.batch_size, self.seq_len = check_batch_shape(self.chunk_len, batch_size, seq_len)
         self.num_chunks = int(chunks.shape[0])
-        self.batches_per_chunk = chunk_len // (batch_size * seq_len)
+        if self.num_chunks < 1:
+            raise ValueError(f"{type(self).__name__}: no chunks")
+        self.batches_per_chunk = self.chunk_len // (batch_size * seq_len)
         self.tokens_per_batch = batch_size * seq_len
         self._columns = np.arange(seq_len + 1)[None, :]
 
     def batch(self, chunk: int, index: int) -> np.ndarray:
+        """``int32[batch_size, seq_len + 1]``: batch ``index`` of chunk ``chunk``."""
+        check_batch_key(self, chunk, index)
         seqs = index * self.batch_size + np.arange(self.batch_size)[:, None]
         return self.chunks[chunk, seqs * self.seq_len + self._columns].astype(np.int32)
 
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.num_chunks} chunks of {self.chunk_len}, "
+            f"batch {self.batch_size} x {self.seq_len})"
+        )
+
+
+def check_batch_shape(chunk_len: int, batch_size: int, seq_len: int) -> tuple[int, int]:
+    """``(batch_size, seq_len)`` as ints, or a ``ValueError`` naming what does not fit."""
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+    if batch_size * seq_len > chunk_len:
+        raise ValueError(
+            f"a batch of {batch_size} x {seq_len} tokens does not fit a chunk of {chunk_len} "
+            "(a batch never spans two chunks)"
+        )
+    return int(batch_size), int(seq_len)
+
+
+def check_batch_key(src: Any, chunk: int, index: int) -> None:
+    """An ``IndexError`` unless batch ``index`` of chunk ``chunk`` is one of ``src``'s."""
+    if not 0 <= chunk < src.num_chunks:
+        raise IndexError(f"chunk {chunk} out of [0, {src.num_chunks})")
+    if not 0 <= index < src.batches_per_chunk:
+        raise IndexError(f"batch {index} out of [0, {src.batches_per_chunk}) of chunk {chunk}")
+
+
+class _ReadBatch:
+    """Batch ``i`` of one chunk -> ``(i, batch)`` (the map of a piece's grain dataset; the
+    index comes along so that the stream checks it against its books)."""
+
+    def __init__(self, data: DataSource, chunk: int) -> None:
+        self.data, self.chunk = data, chunk
+
+    def __call__(self, index: int) -> tuple[int, Any]:
+        return index, self.data.batch(self.chunk, index)
+
+
+def piece_reader(data: DataSource, chunk: int, start: int, end: int, *, prefetch: int = 0) -> Any:
+    """grain's iterator over batches ``start .. end - 1`` of ``chunk`` of ``data``, yielding
+    ``(index, batch)``: ``MapDataset.range(start, end).map(...).to_iter_dataset(...)``,
+    read in the caller's thread (``prefetch=0``) or up to ``prefetch`` batches ahead in one
+    background thread. Its ``get_state()``/``set_state()`` are the position in the piece."""
+    import grain
+
+    options = grain.ReadOptions(num_threads=1 if prefetch else 0, prefetch_buffer_size=prefetch)
+    dataset = grain.MapDataset.range(start, end).map(_ReadBatch(data, chunk))
+    return iter(dataset.to_iter_dataset(options))
+
 
 class BatchStream:
-    """Deterministic training batches from chunks in source order; resumable exactly.
+    """Deterministic training batches from pieces in source order, read through grain;
+    resumable exactly (see the module docstring).
 
-    ``chunks`` is the output of :func:`chunk_tokens` (``[num_chunks, chunk_len + 1]``).
-    ``chunk_len`` must be a multiple of ``batch_size * seq_len``: a batch never spans two
-    chunks, so a learner holds one chunk at a time and can always finish it (no learner
-    waits on a chunk held by another at an epoch boundary). Batch ``b`` of chunk ``c`` holds
-    sequences ``b*batch_size .. (b+1)*batch_size - 1`` of ``c``, sequence ``j`` being
-    ``chunks[c, j*seq_len : (j+1)*seq_len + 1]``.
+    ``chunks``: a :class:`~dipsjax.task.DataSource`, or the output of :func:`chunk_tokens`
+    (``[num_chunks, chunk_len + 1]``, read as :class:`TokenChunks` with ``batch_size`` and
+    ``seq_len``). A batch never spans two chunks, so a learner holds one chunk at a time and
+    can always finish it (no learner waits on a chunk held by another at an epoch boundary).
 
-    :meth:`next_batch` returns ``None`` when the source has no chunk now (a ledger may have
+    ``prefetch``: batches of the piece being read that grain reads ahead in a background
+    thread (``0``, the default: each is read when asked for, in the caller's thread; the
+    source's ``batch`` is then never called from another thread). It never reads past the
+    piece, and changes no batch and no position.
+
+    :meth:`next_batch` returns ``None`` when the source has no piece now (a ledger may have
     one later: calling again retries). Iterating stops at the first ``None``.
     """
 
@@ -208,18 +307,22 @@ class BatchStream:
         seq_len: int = 0,
         source: ChunkSource,
         position: StreamPosition | None = None,
+        prefetch: int = 0,
     ) -> None:
         if isinstance(chunks, np.ndarray):
             chunks = TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
         check_source(chunks, "BatchStream")
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {prefetch!r}")
         self.data = chunks
         self.num_chunks = chunks.num_chunks
         self.batches_per_chunk = chunks.batches_per_chunk
         self.tokens_per_batch = chunks.tokens_per_batch
         self.source = source
+        self.prefetch = prefetch
         pos = position if position is not None else StreamPosition()
-        if pos.chunk is None and pos.offset != 0:
-            raise ValueError(f"position {pos} has an offset but no chunk")
+        if pos.chunk is None and (pos.offset != 0 or pos.reader is not None):
+            raise ValueError(f"position {pos} has an offset or a reader state but no chunk")
         if pos.chunk is not None and not (
             0 <= pos.chunk < self.num_chunks
             and pos.start <= pos.offset < (self.batches_per_chunk if pos.end is None else pos.end)
@@ -229,7 +332,10 @@ class BatchStream:
                 f"position {pos} does not fit {self.num_chunks} chunks of "
                 f"{self.batches_per_chunk} batches"
             )
+        if pos.reader is not None and not isinstance(pos.reader, dict):
+            raise ValueError(f"position {pos}: reader must be grain's state dict")
         self._position = pos
+        self._reader: Any = None  # grain's iterator over the piece being read, once opened
 
     @property
     def position(self) -> StreamPosition:
@@ -240,6 +346,13 @@ class BatchStream:
     def tokens_consumed(self) -> int:
         """Tokens yielded so far, ``batches * tokens_per_batch``."""
         return self._position.tokens
+
+    def close(self) -> None:
+        """Stops the reader of the piece being read (its prefetch thread); the stream reads
+        on from :attr:`position` when asked for another batch."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
 
     def _next_piece(self, index: int) -> tuple[int, int, int] | None:
         if callable(self.source):
@@ -271,9 +384,29 @@ class BatchStream:
                 return None
             chunk, start, end = piece
             offset, taken = start, taken + 1
+            self._reader = piece_reader(self.data, chunk, start, end, prefetch=self.prefetch)
         end = self.batches_per_chunk if end is None else end
-        tokens = self.data.batch(chunk, offset)
+        if self._reader is None:  # resumed inside a piece: grain's iterator from its state
+            self._reader = piece_reader(self.data, chunk, start, end, prefetch=self.prefetch)
+            try:
+                self._reader.set_state(pos.reader)
+            except (KeyError, IndexError, TypeError, ValueError) as e:
+                self.close()
+                raise ValueError(f"position {pos}: grain cannot restore its reader ({e})") from e
+        try:
+            index, tokens = next(self._reader)
+        except StopIteration:
+            index = end
+        if index != offset:
+            self.close()
+            raise ValueError(
+                f"position {pos}: grain's reader of piece {(chunk, start, end)} reads batch "
+                f"{index}, the books say batch {offset} (a reader state of another piece?)"
+            )
         finished = offset + 1 == end
+        reader = None if finished else self._reader.get_state()
+        if finished:
+            self.close()
         self._position = StreamPosition(
             chunk=None if finished else chunk,
             offset=0 if finished else offset + 1,
@@ -282,6 +415,7 @@ class BatchStream:
             tokens=pos.tokens + self.tokens_per_batch,
             start=0 if finished else start,
             end=None if finished or end == self.batches_per_chunk else end,
+            reader=reader,
         )
         return Batch(tokens=tokens, chunk=chunk, finished=finished, offset=offset, start=start)
 

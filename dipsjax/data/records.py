@@ -15,8 +15,8 @@ grain pipeline::
         -> last chunk kept                                   # a chunk's batches decode it once
         -> FlatMapMapDataset(batch views)                    # item c * batches_per_chunk + i
 
-and gives, bit for bit, what :class:`MemoryChunks` (the same indexing as
-:class:`~dipsjax.data.pipeline.BatchStream` on an in-memory ``[num_chunks, chunk_len + 1]``
+and gives, bit for bit, what :class:`~dipsjax.data.pipeline.TokenChunks` (here also named
+:class:`MemoryChunks`: the same chunks as an in-memory ``[num_chunks, chunk_len + 1]``
 array) gives: batch ``i`` of chunk ``c`` is ``int32[batch_size, seq_len + 1]`` holding
 sequences ``i*batch_size .. (i+1)*batch_size - 1`` of the chunk, sequence ``j`` being
 ``chunk[j*seq_len : (j+1)*seq_len + 1]``. ``tokens_per_batch = batch_size * seq_len`` and
@@ -29,6 +29,11 @@ Example::
     paths = records.write_chunks("/data/austen.array_record", train_chunks("austen"), shards=4)
     source = records.RecordChunks(paths, batch_size=8, seq_len=256)   # or the path given
     tokens = source.batch(chunk=3, index=1)                           # int32[8, 257]
+
+A :class:`~dipsjax.data.pipeline.BatchStream` over ``RecordChunks`` (as a learner reads a
+task with ``records=``) reads each leased piece through a grain iterator over these
+batches, whose state is its data position; with ``prefetch`` it reads ahead from a
+background thread (the last decoded chunk is kept as one tuple, safe to share).
 
 grain and array_record are imported with this module (not with :mod:`dipsjax.data`).
 """
@@ -45,6 +50,8 @@ from typing import Any
 import grain
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
+
+from dipsjax.data.pipeline import TokenChunks, check_batch_key, check_batch_shape
 
 SHARD_FORMAT = "{path}-{index:05d}-of-{count:05d}"
 """The file name of shard ``index`` of ``count`` (the ArrayRecord convention)."""
@@ -193,56 +200,10 @@ def resolve_paths(paths: PathArg | Sequence[PathArg]) -> list[str]:
     return files
 
 
-class MemoryChunks:
-    """:class:`~dipsjax.task.DataSource` on in-memory chunks ``[num_chunks, chunk_len + 1]``
-    (:func:`~dipsjax.data.pipeline.chunk_tokens`), with exactly
-    :class:`~dipsjax.data.pipeline.BatchStream`'s indexing (see the module docstring)."""
-
-    def __init__(self, chunks: np.ndarray, batch_size: int, seq_len: int) -> None:
-        chunks = np.asarray(chunks)
-        if chunks.ndim != 2 or chunks.shape[1] < 2:
-            raise ValueError(f"chunks must be [num_chunks, chunk_len + 1], got {chunks.shape}")
-        if chunks.dtype.kind not in "iu":
-            raise TypeError(f"chunks must hold integer token ids, got dtype {chunks.dtype}")
-        self.chunks = chunks
-        self.chunk_len = chunks.shape[1] - 1
-        self.batch_size, self.seq_len = _check_shape(self.chunk_len, batch_size, seq_len)
-        self.num_chunks = int(chunks.shape[0])
-        if self.num_chunks < 1:
-            raise ValueError("MemoryChunks: no chunks")
-        self.batches_per_chunk = self.chunk_len // (batch_size * seq_len)
-        self.tokens_per_batch = batch_size * seq_len
-        self._columns = np.arange(seq_len + 1)[None, :]
-
-    def batch(self, chunk: int, index: int) -> np.ndarray:
-        """``int32[batch_size, seq_len + 1]``: batch ``index`` of chunk ``chunk``."""
-        _check_key(self, chunk, index)
-        seqs = index * self.batch_size + np.arange(self.batch_size)[:, None]
-        return self.chunks[chunk, seqs * self.seq_len + self._columns].astype(np.int32)
-
-    def __repr__(self) -> str:
-        return (
-            f"MemoryChunks({self.num_chunks} chunks of {self.chunk_len}, "
-            f"batch {self.batch_size} x {self.seq_len})"
-        )
-
-
-def _check_shape(chunk_len: int, batch_size: int, seq_len: int) -> tuple[int, int]:
-    for name, v in (("batch_size", batch_size), ("seq_len", seq_len)):
-        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-    if batch_size * seq_len > chunk_len:
-        raise ValueError(
-            f"a batch of {batch_size} x {seq_len} tokens does not fit a chunk of {chunk_len}"
-        )
-    return int(batch_size), int(seq_len)
-
-
-def _check_key(src: Any, chunk: int, index: int) -> None:
-    if not 0 <= chunk < src.num_chunks:
-        raise IndexError(f"chunk {chunk} out of [0, {src.num_chunks})")
-    if not 0 <= index < src.batches_per_chunk:
-        raise IndexError(f"batch {index} out of [0, {src.batches_per_chunk}) of chunk {chunk}")
+MemoryChunks = TokenChunks
+"""The in-memory source :class:`RecordChunks` is checked against: it is
+:class:`~dipsjax.data.pipeline.TokenChunks` (the same class, under the name this module
+has always given it)."""
 
 
 class _Decode:
@@ -355,7 +316,7 @@ class RecordChunks:
                 "(write the chunks with write_chunks)"
             )
         self.chunk_len = arr.shape[0] - 1
-        self.batch_size, self.seq_len = _check_shape(self.chunk_len, batch_size, seq_len)
+        self.batch_size, self.seq_len = check_batch_shape(self.chunk_len, batch_size, seq_len)
         self.batches_per_chunk = self.chunk_len // (batch_size * seq_len)
         self.tokens_per_batch = batch_size * seq_len
         self.chunks = _LastChunk(
@@ -368,7 +329,7 @@ class RecordChunks:
     def batch(self, chunk: int, index: int) -> np.ndarray:
         """``int32[batch_size, seq_len + 1]``: batch ``index`` of chunk ``chunk`` (a copy:
         the caller owns it)."""
-        _check_key(self, chunk, index)
+        check_batch_key(self, chunk, index)
         return np.array(self.dataset[chunk * self.batches_per_chunk + index], dtype=np.int32)
 
     def __repr__(self) -> str:

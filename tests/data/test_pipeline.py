@@ -226,3 +226,144 @@ def test_validation_batches_cover_each_target_once(n, seq_len, batch):
     if out:
         flat = np.concatenate([eb.tokens[:, :-1].reshape(-1) for eb in out])
         np.testing.assert_array_equal(flat[: max(0, n - 1)], tokens[: max(0, n - 1)])
+
+
+class _Recording:
+    """A DataSource over TokenChunks that records every (chunk, index) read."""
+
+    def __init__(self, inner):
+        self.inner, self.reads = inner, []
+        self.num_chunks = inner.num_chunks
+        self.batches_per_chunk = inner.batches_per_chunk
+        self.tokens_per_batch = inner.tokens_per_batch
+
+    def batch(self, chunk, index):
+        self.reads.append((chunk, index))
+        return self.inner.batch(chunk, index)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_grain_reader_state_is_the_position_and_resumes_exactly(prefetch, tmp_path):
+    # Pieces as a ledger leases them: whole chunks and parts, two parts of one chunk in a
+    # row. A stream read to batch k and checkpointed (JSON) gives, resumed, exactly the rest
+    # of the uninterrupted stream, for every k (piece boundaries included), read from memory
+    # and from ArrayRecord files, with grain reading ahead or not.
+    from dipsjax.data import RecordChunks, write_chunks
+    from dipsjax.data.pipeline import TokenChunks
+
+    chunks = _make_chunks(5, 4, 2, 3)  # 5 chunks of 3 batches of 2 x 4
+    pieces = [(3, 0, 3), 1, (0, 1, 3), (4, 0, 1), (4, 1, 3), (2, 2, 3), 0]
+    sources = [
+        TokenChunks(chunks, batch_size=2, seq_len=4),
+        RecordChunks(write_chunks(tmp_path / "c", chunks), 2, 4),
+    ]
+    # The reference: each piece's batches from the source's batch(), in order.
+    want = [
+        (c, i)
+        for p in pieces
+        for c, s, e in [(p, 0, 3) if isinstance(p, int) else p]
+        for i in range(s, e)
+    ]
+    assert len(want) == 15
+    for data in sources:
+
+        def make(position=None, data=data):
+            return BatchStream(data, source=pieces, position=position, prefetch=prefetch)
+
+        full = list(make())
+        assert [(b.chunk, b.offset) for b in full] == want
+        for b, (c, i) in zip(full, want, strict=True):
+            np.testing.assert_array_equal(b.tokens, sources[0].batch(c, i))
+        for k in range(len(full) + 1):
+            head = make()
+            for _ in range(k):
+                head.next_batch()
+            pos = head.position
+            # The books, and grain's iterator state of the piece being read, kept verbatim.
+            assert pos.batches == k and pos.tokens == k * 8
+            if pos.chunk is None:
+                assert pos.reader is None and (k == 0 or full[k - 1].finished)
+            else:
+                assert pos.reader == head._reader.get_state()
+                assert pos.reader == {"next_index": pos.offset - pos.start}
+            text = pos.to_json()
+            head.close()
+            tail = list(make(StreamPosition.from_json(text)))
+            assert len(tail) == len(full) - k
+            for a, b in zip(tail, full[k:], strict=True):
+                assert (a.chunk, a.offset, a.start, a.finished) == (
+                    b.chunk,
+                    b.offset,
+                    b.start,
+                    b.finished,
+                )
+                np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_old_positions_read_and_a_wrong_reader_state_is_refused():
+    chunks = _make_chunks(3, 4, 2, 3)
+    pieces = [(2, 0, 3), (1, 1, 3)]
+    full = list(BatchStream(chunks, batch_size=2, seq_len=4, source=pieces))
+    # A checkpoint written before grain read the pieces: offset, no reader.
+    old = {
+        "chunk": 1,
+        "offset": 2,
+        "chunks_taken": 2,
+        "batches": 4,
+        "tokens": 32,
+        "start": 1,
+        "end": None,
+    }
+    pos = StreamPosition.from_dict(old)
+    assert pos.reader == {"next_index": 1}
+    assert StreamPosition.from_json(pos.to_json()) == pos
+    tail = list(BatchStream(chunks, batch_size=2, seq_len=4, source=pieces, position=pos))
+    assert [(b.chunk, b.offset) for b in tail] == [(1, 2)]
+    np.testing.assert_array_equal(tail[0].tokens, full[-1].tokens)
+    # Oldest form (no start/end either): a whole chunk.
+    older = {"chunk": 2, "offset": 1, "chunks_taken": 1, "batches": 1, "tokens": 8}
+    tail = list(
+        BatchStream(
+            chunks, batch_size=2, seq_len=4, source=pieces, position=StreamPosition.from_dict(older)
+        )
+    )
+    assert [(b.chunk, b.offset) for b in tail] == [(2, 1), (2, 2), (1, 1), (1, 2)]
+    # grain's state and the books disagree: named, not read from the wrong batch.
+    bad = StreamPosition(
+        chunk=2, offset=1, chunks_taken=1, batches=1, tokens=8, reader={"next_index": 2}
+    )
+    with pytest.raises(ValueError, match="reads batch 2, the books say batch 1"):
+        BatchStream(chunks, batch_size=2, seq_len=4, source=pieces, position=bad).next_batch()
+    bad = StreamPosition(
+        chunk=2, offset=1, chunks_taken=1, batches=1, tokens=8, reader={"next_index": 7}
+    )
+    with pytest.raises(ValueError, match="grain cannot restore its reader"):
+        BatchStream(chunks, batch_size=2, seq_len=4, source=pieces, position=bad).next_batch()
+    with pytest.raises(ValueError, match="reader must be grain's state dict"):
+        StreamPosition.from_dict(dict(old, reader=[1]))
+    with pytest.raises(ValueError, match="prefetch must be an integer >= 0"):
+        BatchStream(chunks, batch_size=2, seq_len=4, source=pieces, prefetch=-1)
+
+
+def test_prefetch_reads_ahead_within_the_piece_only():
+    from dipsjax.data.pipeline import TokenChunks
+
+    data = _Recording(TokenChunks(_make_chunks(4, 2, 1, 6), batch_size=1, seq_len=2))
+    given = []
+
+    def lease():  # a ledger: the next piece is given only when asked for
+        piece = [(1, 1, 4), (3, 0, 6)][len(given)] if len(given) < 2 else None
+        given.append(piece)
+        return piece
+
+    stream = BatchStream(data, source=lease, prefetch=8)
+    got = [stream.next_batch() for _ in range(3)]
+    assert [(b.chunk, b.offset, b.finished) for b in got] == [
+        (1, 1, False),
+        (1, 2, False),
+        (1, 3, True),
+    ]
+    assert len(given) == 1 and sorted(data.reads) == [(1, 1), (1, 2), (1, 3)]
+    assert [stream.next_batch().offset for _ in range(6)] == list(range(6))
+    assert stream.next_batch() is None and stream.position.reader is None
+    assert sorted(data.reads)[3:] == [(3, i) for i in range(6)]

@@ -198,6 +198,7 @@ def test_a_subword_run_trains_and_replays(data):
         token_budget=3 * 2 * 4 * 8 * 64,
         eval_every=2,
         eval_tokens=1024,
+        data_layout="spread",  # and rows drawn across the corpus replay too
         task_args={"tokenizer": "bpe:512"},
     )
     res = simulate(cfg)

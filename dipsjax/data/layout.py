@@ -1,8 +1,8 @@
 """Where batches come from: the training rows' layout over the corpus, and the fixed
 validation set.
 
-Training layout. :class:`SpreadChunks` is a :class:`~dipsjax.task.DataSource` over the same
-chunks as :class:`~dipsjax.data.pipeline.TokenChunks` (``int32[num_chunks, chunk_len + 1]``,
+Training layout (EXTENSION: the papers read contiguous data). :class:`SpreadChunks` is a
+:class:`~dipsjax.task.DataSource` over the same chunks as :class:`~dipsjax.data.pipeline.TokenChunks` (``int32[num_chunks, chunk_len + 1]``,
 or any chunk reader indexable by chunk id) whose rows are drawn across the corpus: the
 corpus's ``S = num_chunks * chunk_len // seq_len`` sequences (sequence ``k`` is
 ``chunks[k // spc, (k % spc)*seq_len : (k % spc + 1)*seq_len + 1]``, ``spc = chunk_len //

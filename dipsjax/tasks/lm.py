@@ -22,7 +22,7 @@ Keyword arguments (``SimConfig.task_args``)::
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
 tokens, read in ``SimConfig.data_layout``: ``"contiguous"`` (the default: a batch is
 consecutive sequences of one chunk, :class:`~dipsjax.data.pipeline.TokenChunks`) or
-``"spread"`` (a batch's rows drawn across the corpus by a permutation seeded by
+``"spread"``, an EXTENSION (a batch's rows drawn across the corpus by a permutation seeded by
 ``SimConfig.seed``, every sequence in one chunk: :class:`~dipsjax.data.layout.SpreadChunks`).
 
 Validation: a fixed set of about ``SimConfig.eval_tokens`` target tokens, windows of

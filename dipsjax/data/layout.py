@@ -2,18 +2,18 @@
 validation set.
 
 Training layout (EXTENSION: the papers read contiguous data). :class:`SpreadChunks` is a
-:class:`~dipsjax.task.DataSource` over the same chunks as :class:`~dipsjax.data.pipeline.TokenChunks` (``int32[num_chunks, chunk_len + 1]``,
-or any chunk reader indexable by chunk id) whose rows are drawn across the corpus: the
-corpus's ``S = num_chunks * chunk_len // seq_len`` sequences (sequence ``k`` is
-``chunks[k // spc, (k % spc)*seq_len : (k % spc + 1)*seq_len + 1]``, ``spc = chunk_len //
-seq_len`` sequences a chunk) are put in the order of a fixed permutation ``perm`` seeded by
-``seed``, and chunk ``c`` holds sequences ``perm[c*spc : (c+1)*spc]``, batch ``b`` of it
-rows ``perm[c*spc + b*batch_size : c*spc + (b+1)*batch_size]``. So every sequence is in
-exactly one batch of one chunk (the ledger's once-per-epoch guarantee holds as for
-contiguous chunks), ``batch(chunk, index)`` is deterministic (leases, replay and checkpoints
-work unchanged), and a batch's rows come from all over the corpus instead of one contiguous
-window (``SimConfig.data_layout="spread"``; the default ``"contiguous"`` is
-:class:`~dipsjax.data.pipeline.TokenChunks`).
+:class:`~dipsjax.task.DataSource` over the chunks of
+:class:`~dipsjax.data.pipeline.TokenChunks` (``int32[num_chunks, chunk_len + 1]``, or any
+chunk reader indexable by chunk id) whose rows are drawn across the corpus. The corpus's
+``S = num_chunks * spc`` sequences (``spc = chunk_len // seq_len`` a chunk; sequence ``k``
+is sequence ``k % spc`` of chunk ``k // spc``) are put in the order of a fixed permutation
+``perm`` seeded by ``seed``; chunk ``c`` holds sequences ``perm[c*spc : (c+1)*spc]``, and
+its batch ``b`` the rows ``perm[c*spc + b*batch_size : c*spc + (b+1)*batch_size]``. So
+every sequence is in exactly one batch of one chunk (the ledger's once-per-epoch guarantee
+holds as for contiguous chunks), ``batch(chunk, index)`` is deterministic (leases, replay
+and checkpoints work unchanged), and a batch's rows come from all over the corpus instead
+of one contiguous window (``SimConfig.data_layout="spread"``; the default
+``"contiguous"`` is :class:`~dipsjax.data.pipeline.TokenChunks`).
 
 Validation set. :func:`spread_windows` places ``num_windows`` disjoint windows of
 ``seq_len`` targets evenly over a held-out token stream, the first at its start, the last

@@ -42,8 +42,9 @@ class SimConfig:
     Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
     files; ``validation_doc`` names the held-out document (its file stem for a folder).
     ``data_layout``: ``"contiguous"`` (default): a batch is consecutive sequences of one
-    chunk; ``"spread"`` (EXTENSION) draws a batch's rows across the corpus (a fixed permutation seeded by
-    ``seed``; every sequence still in exactly one chunk; :mod:`dipsjax.data.layout`).
+    chunk; ``"spread"`` (EXTENSION) draws a batch's rows across the corpus (a fixed
+    permutation seeded by ``seed``; every sequence still in exactly one chunk;
+    :mod:`dipsjax.data.layout`).
 
     Validation: about ``eval_tokens`` target tokens (default 32768; 32K to 64K give a
     figure worth comparing, tests use fewer), windows of ``seq_len`` spread evenly over the

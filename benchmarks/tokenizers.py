@@ -67,7 +67,7 @@ def main() -> None:
         speeds=(1.0, 1.3, 1.6, 2.0)[:learners],
         wire="bf16",
         eval_every=1000,  # the final evaluation only
-        eval_batches=2 if args.tiny else 16,
+        eval_tokens=1024 if args.tiny else 32768,
         seed=0,
     )
     round_tokens = learners * h * 8 * 64  # a round of every learner

@@ -66,7 +66,7 @@ base = dict(exp.base, eval_every=1, corpus="shakespeare")
 if TINY:
     ETAS = [ETAS[0], 100]
     # A round still takes 16 virtual seconds of compute (4 steps of 4 s).
-    base.update(batch_size=4, seq_len=32, inner_steps=4, step_time=4.0, eval_batches=2)
+    base.update(batch_size=4, seq_len=32, inner_steps=4, step_time=4.0, eval_tokens=256)
     base.update(token_budget=3 * 4 * 4 * 4 * 32)
 print("etas", ETAS, "| settings:", {k: base[k] for k in ("batch_size", "seq_len", "inner_steps", "token_budget")})""",
     ),

@@ -1,6 +1,7 @@
 """Shared settings of the simulator experiments (imported by the sim_*.py configs).
 
-``arg='ci'`` shrinks every experiment to a CI-sized run (tiny model, small token budget).
+``arg='ci'`` shrinks every experiment to a CI-sized run (tiny model, small token budget,
+2048 validation tokens).
 """
 
 import ml_collections
@@ -29,6 +30,7 @@ def experiment(name, runs, arg=None, **base_overrides):
     base = {**BASE, **base_overrides}
     if arg == "ci":
         base["token_budget"] = 4 * 16 * 512 * 6
+        base["eval_tokens"] = 2048  # the harness, not the figure (default: 32768)
     cfg.base = base
     cfg.runs = runs
     return cfg

@@ -231,7 +231,8 @@ SIM: dict[str, Rule] = {
     "leaves": Seq(Record(LEARNER, TIME), 10_000),
     "heartbeat_interval": Real(0, 3600, open_lo=True),
     "eval_every": Int(1, 1_000_000),
-    "eval_batches": Int(1, 100_000),
+    "eval_tokens": Int(1, 100_000_000),
+    "data_layout": OneOf(("spread", "contiguous")),
     "seed": Int(0, 2**32 - 1),
 }
 

@@ -49,6 +49,15 @@ class SimConfig:
 
     Data: ``corpus`` is a built-in corpus name or the path of a folder of UTF-8 ``*.txt``
     files; ``validation_doc`` names the held-out document (its file stem for a folder).
+    ``data_layout``: ``"contiguous"`` (default): a batch is consecutive sequences of one
+    chunk; ``"spread"`` (EXTENSION) draws a batch's rows across the corpus (a fixed
+    permutation seeded by ``seed``; every sequence still in exactly one chunk;
+    :mod:`dipsjax.data.layout`).
+
+    Validation: about ``eval_tokens`` target tokens (default 32768; 32K to 64K give a
+    figure worth comparing, tests use fewer), windows of ``seq_len`` spread evenly over the
+    held-out text, scored in batches of a fixed size: the same set for every method, batch
+    size and number of learners, in the simulator and the runtime's evaluator.
 
     Anomaly penalty: ``alpha``, ``beta``, ``warmup``, ``min_max_score`` and
     ``min_sigma_ratio`` (:class:`dipsjax.rules.AnomalyConfig`); ``warmup=0,
@@ -133,7 +142,8 @@ class SimConfig:
     leaves: tuple[tuple[int, float], ...] = ()
     heartbeat_interval: float = 10.0
     eval_every: int = 4
-    eval_batches: int = 4
+    eval_tokens: int = 32768
+    data_layout: str = "contiguous"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -186,6 +196,8 @@ class SimConfig:
             (self.outer_clip in methods_lib.CLIPS, "outer_clip", f"one of {methods_lib.CLIPS}"),
             (self.outer_clip_norm > 0, "outer_clip_norm", "> 0"),
             (self.outer_clip_history >= 1, "outer_clip_history", ">= 1"),
+            (self.eval_tokens >= 1, "eval_tokens", ">= 1 (32K to 64K measure; fewer for tests)"),
+            (self.data_layout in ("spread", "contiguous"), "data_layout", "spread or contiguous"),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (
                 not self.outer_optimizer or ":" in self.outer_optimizer,

@@ -20,11 +20,19 @@ Keyword arguments (``SimConfig.task_args``)::
   batches, bit for bit.
 
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
-tokens; validation: the first ``eval_batches`` batches of the held-out document(s), in
-nats per token (the loss), and ``bits_per_byte`` exactly: ``loss * targets / (ln 2 *
-bytes)`` where ``targets`` are the validation batches' target tokens and ``bytes`` the
-UTF-8 bytes of the text those very tokens spell (for the byte tokenizer on one held-out
-document: ``loss / ln 2``).
+tokens, read in ``SimConfig.data_layout``: ``"contiguous"`` (the default: a batch is
+consecutive sequences of one chunk, :class:`~dipsjax.data.pipeline.TokenChunks`) or
+``"spread"``, an EXTENSION (a batch's rows drawn across the corpus by a permutation seeded by
+``SimConfig.seed``, every sequence in one chunk: :class:`~dipsjax.data.layout.SpreadChunks`).
+
+Validation: a fixed set of about ``SimConfig.eval_tokens`` target tokens, windows of
+``seq_len`` spread evenly over the held-out document(s), in batches of a fixed number of
+rows with a mask (:func:`~dipsjax.data.layout.validation_windows`): the same whatever the
+batch size, the number of learners or the method. The loss is the mean next-token
+cross-entropy (nats) over the scored targets, and ``bits_per_byte`` exactly ``loss *
+targets / (ln 2 * bytes)``, ``targets`` the scored targets and ``bytes`` the UTF-8 bytes
+those very tokens spell (for the byte tokenizer on one held-out document: ``loss / ln
+2``).
 
 The task is built once per process for equal arguments (and data folder), so equal
 configs share one model factory and so one set of compiled steps.
@@ -43,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from dipsjax.data.layout import LAYOUTS
 from dipsjax.task import Task
 
 
@@ -68,9 +77,11 @@ def get_task(
         cfg.chunk_len,
         cfg.batch_size,
         cfg.seq_len,
-        cfg.eval_batches,
+        cfg.eval_tokens,
         os.fspath(tokenizer),
         _records_key(records),
+        cfg.data_layout,
+        cfg.seed if cfg.data_layout == "spread" else 0,  # the layout's permutation
     )
 
 
@@ -119,13 +130,18 @@ def _task(
     chunk_len: int,
     batch_size: int,
     seq_len: int,
-    eval_batches: int,
+    eval_tokens: int,
     tokenizer: str = "byte",
     records: tuple[str, ...] | None = None,
+    layout: str = "contiguous",
+    seed: int = 0,
 ) -> Task:
     from dipsjax.data import ByteTokenizer, load_tokenizer
-    from dipsjax.learner.step import lm_loss, lm_model, tokens_in
+    from dipsjax.learner.step import lm_model
     from dipsjax.model.configs import get_config
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"lm task: data_layout must be one of {LAYOUTS}, got {layout!r}")
 
     tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
     if isinstance(tok, ByteTokenizer):
@@ -136,8 +152,20 @@ def _task(
         name = f"lm:{model}:{tokenizer}"
 
     def data() -> Any:
+        from dipsjax.data.layout import SpreadChunks
+
         if records is not None:
-            return _record_source(records, tok, chunk_len, batch_size, seq_len)
+            source = _record_source(records, tok, chunk_len, batch_size, seq_len)
+            if layout == "contiguous":
+                return source
+            return SpreadChunks(
+                source.chunks,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                seed=seed,
+                num_chunks=source.num_chunks,
+                chunk_len=source.chunk_len,
+            )
         from dipsjax.data import train_chunks
         from dipsjax.data.pipeline import TokenChunks
 
@@ -148,19 +176,15 @@ def _task(
             data_dir=root,
             validation_doc=validation_doc,
         )
-        return TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
+        if layout == "contiguous":
+            return TokenChunks(chunks, batch_size=batch_size, seq_len=seq_len)
+        return SpreadChunks(chunks, batch_size=batch_size, seq_len=seq_len, seed=seed)
 
     @functools.cache
-    def validation() -> tuple[list[np.ndarray], int, float]:
-        """The eval batches, their target tokens and the UTF-8 bytes those tokens spell."""
+    def validation() -> tuple[list[Any], int, float]:
+        """The eval batches, their scored targets and the UTF-8 bytes those tokens spell."""
         return validation_set(
-            corpus,
-            validation_doc,
-            eval_batches,
-            batch_size,
-            seq_len,
-            data_dir=root,
-            tokenizer=tok,
+            corpus, validation_doc, eval_tokens, seq_len, data_dir=root, tokenizer=tok
         )
 
     def metrics(loss: float) -> dict[str, float]:
@@ -171,12 +195,41 @@ def _task(
     return Task(
         name=name,
         model=lm_model(config),
-        loss=lm_loss,
+        loss=task_loss,
         data=data,
         eval_batches=lambda: validation()[0],
         metrics=metrics,
-        count=tokens_in,
+        count=task_count,
     )
+
+
+def task_loss(model: Any, batch: Any) -> Any:
+    """The task's loss: :func:`~dipsjax.learner.step.lm_loss` of a token batch (training),
+    or of an :class:`~dipsjax.data.pipeline.EvalBatch` the mean over the targets its mask
+    scores (validation; 0 for a batch that scores none)."""
+    import jax.numpy as jnp
+
+    from dipsjax.data.pipeline import EvalBatch
+    from dipsjax.learner.step import cross_entropy, lm_loss, split_batch
+    from dipsjax.task import activation_sharding
+
+    if not isinstance(batch, EvalBatch):
+        return lm_loss(model, batch)
+    inputs, targets = split_batch(batch.tokens)
+    nll = cross_entropy(model(inputs, activation_sharding=activation_sharding()), targets)
+    mask = batch.mask.astype(jnp.float32)
+    return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def task_count(batch: Any) -> int:
+    """What a batch counts: a token batch's ``batch * seq_len`` targets, an
+    :class:`~dipsjax.data.pipeline.EvalBatch`'s scored targets."""
+    from dipsjax.data.pipeline import EvalBatch
+    from dipsjax.learner.step import tokens_in
+
+    if isinstance(batch, EvalBatch):
+        return int(np.count_nonzero(np.asarray(batch.mask)))
+    return tokens_in(batch)
 
 
 def _record_source(
@@ -239,76 +292,48 @@ def token_byte_lengths(tok: Any) -> np.ndarray:
 def validation_set(
     corpus: str,
     validation_doc: str | None,
-    count: int,
-    batch_size: int,
+    eval_tokens: int,
     seq_len: int,
     data_dir: str | None = None,
     tokenizer: Any = None,
-) -> tuple[list[np.ndarray], int, float]:
-    """:func:`validation_batches`, the number of their target tokens and the UTF-8 bytes of
-    the text those targets spell (exact: each byte of the held-out text is in one token).
+) -> tuple[list[Any], int, float]:
+    """The fixed validation set (:func:`~dipsjax.data.layout.validation_windows` of the
+    held-out text of :func:`~dipsjax.data.pipeline.validation_data`, BOS targets not
+    scored), the number of its scored targets and the UTF-8 bytes those targets spell
+    (exact: each byte of the held-out text is in one token).
 
     A tokenizer whose tokens do not add up to the held-out text's bytes (one that
     normalizes text) gets, with a warning, the text's average bytes per token instead."""
     from dipsjax.data import ByteTokenizer, validation_data
+    from dipsjax.data.layout import scored_bytes, validation_windows
 
     tok = tokenizer if tokenizer is not None else ByteTokenizer()
     val = validation_data(corpus, tokenizer=tok, data_dir=data_dir, validation_doc=validation_doc)
-    batches = _batches(val.tokens, count, batch_size, seq_len)
+    batches = validation_windows(
+        val.tokens,
+        eval_tokens=eval_tokens,
+        seq_len=seq_len,
+        pad_id=tok.pad_id,
+        ignore_ids=(tok.bos_id,),
+    )
+    n = sum(int(np.count_nonzero(b.mask)) for b in batches)
+    if n < 1:
+        raise ValueError("the validation windows hold no text")
     lengths = token_byte_lengths(tok)
-    n = count * batch_size * seq_len
     if int(lengths[val.tokens].sum()) != val.num_bytes:
         # A tokenizer that normalizes text: its tokens do not spell the text's bytes. The
-        # held-out text's average bytes per (text) token stands in for the batches'.
+        # held-out text's average bytes per (text) token stands in for the windows'.
         text_tokens = int(np.count_nonzero(val.tokens != tok.bos_id))
         warnings.warn(
             f"the tokens of {tok!r} do not spell the held-out text's bytes: bits per byte "
-            "use the text's average bytes per token, not the validation batches' own",
+            "use the text's average bytes per token, not the validation windows' own",
             stacklevel=2,
         )
         return batches, n, n * val.num_bytes / text_tokens
-    num_bytes = int(lengths[val.tokens[1 : n + 1]].sum())
+    num_bytes = scored_bytes(batches, lengths)
     if num_bytes < 1:
-        raise ValueError("the validation batches hold no text")
+        raise ValueError("the validation windows hold no text")
     return batches, n, num_bytes
-
-
-def validation_batches(
-    corpus: str,
-    validation_doc: str | None,
-    count: int,
-    batch_size: int,
-    seq_len: int,
-    data_dir: str | None = None,
-    tokenizer: Any = None,
-) -> list[np.ndarray]:
-    """The first ``count`` batches ``int32[batch_size, seq_len + 1]`` of the held-out text
-    (``tokenizer``'s tokens, bytes by default), consecutive windows of it (one token of
-    overlap, as training sequences)."""
-    from dipsjax.data import ByteTokenizer, validation_data
-
-    tok = tokenizer if tokenizer is not None else ByteTokenizer()
-    val = validation_data(corpus, tokenizer=tok, data_dir=data_dir, validation_doc=validation_doc)
-    return _batches(val.tokens, count, batch_size, seq_len)
-
-
-def _batches(tokens: np.ndarray, count: int, batch_size: int, seq_len: int) -> list[np.ndarray]:
-    n = count * batch_size * seq_len
-    rows = tokens[: n + 1]
-    if rows.shape[0] < n + 1:
-        raise ValueError(
-            f"the validation text has {tokens.shape[0]} tokens, fewer than the "
-            f"{n + 1} that eval_batches * batch_size * seq_len needs"
-        )
-    return [
-        np.stack(
-            [
-                rows[(b * batch_size + i) * seq_len : (b * batch_size + i + 1) * seq_len + 1]
-                for i in range(batch_size)
-            ]
-        ).astype(np.int32)
-        for b in range(count)
-    ]
 
 
 def write_records(

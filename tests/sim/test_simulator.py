@@ -269,7 +269,7 @@ def test_simulator_trains_on_a_folder_of_the_users_texts(tmp_path):
         validation_doc="gamma",
         chunk_len=512,
         token_budget=2 * ROUND,
-        eval_batches=1,
+        eval_tokens=512,
     )
     res = simulate(cfg)
     assert res.tokens.reported >= cfg.token_budget and np.isfinite(res.final_loss)

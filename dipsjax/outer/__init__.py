@@ -32,13 +32,17 @@ from dipsjax.outer._base import Contributions, learner_sq_norms, tree_sq_norm
 from dipsjax.outer._clipping import GlobalClipState, clip_by_global_norm, clip_factor
 from dipsjax.outer._codecs import (
     CODECS,
+    DEFAULT_BLOCK,
+    EMBEDDINGS,
     Encoded,
     decode,
     decode_tree,
     encode,
     encode_tree,
     error_bound,
+    leaf_codecs,
     wire_bytes,
+    wire_size,
 )
 from dipsjax.outer._merge import (
     decoupled_token_weights,
@@ -66,6 +70,8 @@ from dipsjax.outer._shards import (
 
 __all__ = [
     "CODECS",
+    "DEFAULT_BLOCK",
+    "EMBEDDINGS",
     "AnomalyDecision",
     "AnomalyState",
     "Contributions",
@@ -87,6 +93,7 @@ __all__ = [
     "flatten",
     "fold_history",
     "init_anomaly_state",
+    "leaf_codecs",
     "learner_sq_norms",
     "learner_weights",
     "mean",
@@ -107,4 +114,5 @@ __all__ = [
     "unflatten",
     "weighted_mean",
     "wire_bytes",
+    "wire_size",
 ]

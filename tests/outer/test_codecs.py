@@ -35,7 +35,10 @@ def test_roundtrip_within_documented_bound(x, codec, block):
 def test_wire_sizes():
     x = jnp.linspace(-1, 1, 1000)
     sizes = {c: outer.encode(x, c, block_size=100).nbytes for c in outer.CODECS}
-    assert sizes == {"fp32": 4000, "bf16": 2000, "int8": 1000 + 40, "int4": 500 + 40}
+    want = {"fp32": 4000, "bf16": 2000, "int8": 1000 + 40, "int4": 500 + 40}
+    # stat2: 10 blocks of 100 two-bit indices (25 bytes) and four BF16 levels (8 bytes)
+    assert sizes == {**want, "stat2": 10 * (25 + 8)}
+    assert sizes == {c: outer.wire_size(1000, c, 100) for c in outer.CODECS}
 
 
 def test_int_codecs_tight_on_grid_values():
@@ -45,7 +48,7 @@ def test_int_codecs_tight_on_grid_values():
 
 def test_nonfinite_stays_detectable():
     x = jnp.array([1.0, jnp.nan, 2.0, 3.0])
-    for codec in ("bf16", "int8", "int4"):
+    for codec in ("bf16", "int8", "int4", "stat2"):
         y = outer.decode(outer.encode(x, codec, block_size=4))
         assert not np.all(np.isfinite(np.asarray(y)))
 
@@ -64,3 +67,9 @@ def test_bad_codec_named():
         outer.encode(jnp.ones(3), "int3")
     with pytest.raises(ValueError, match="block_size"):
         outer.encode(jnp.ones(3), "int4", block_size=3)
+    with pytest.raises(ValueError, match="multiple of 4 for stat2"):
+        outer.encode(jnp.ones(3), "stat2", block_size=6)
+    with pytest.raises(ValueError, match="codec"):
+        outer.leaf_codecs({"a": jnp.ones(3)}, "int2")
+    with pytest.raises(ValueError, match="embeddings must be a sequence"):
+        outer.leaf_codecs({"a": jnp.ones(3)}, "stat2", embeddings="embed")

@@ -8,6 +8,7 @@ import pytest
 from dipsjax.launch import schema
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.engine import Engine
+from dipsjax.sim.replay import replay
 from tests.sim.test_refuse_nonfinite import OneDivergence
 from tests.sim.toy_world import ToyWorld, toy_config
 
@@ -61,3 +62,9 @@ def test_settings_named():
         with pytest.raises(schema.ConfigError, match=f"sim.{field}.*simulator only"):
             schema.validate_sim({field: value}, "run")
         assert getattr(schema.validate_sim({field: value}, "simulate"), field) == value
+
+
+def test_replay_refuses_error_feedback():
+    engine, _ = _run(wire="fp32", error_feedback=True)
+    with pytest.raises(ValueError, match="replay does not carry error feedback"):
+        replay(engine.cfg, engine.leader.tape, world=ToyWorld(engine.cfg))

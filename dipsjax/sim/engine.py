@@ -279,8 +279,6 @@ class Engine:
         if sl.alive and self.learners[sl.j] is sl:
             if isinstance(a, m.Unused) and a.incarnation == sl.incarnation:
                 self._settle(sl, a.round_id, a.kind)  # stale | nonfinite
-            elif isinstance(a, m.Refuse) and a.incarnation == sl.incarnation:
-                self._settle(sl, None, outer.Outcome.DISCARDED)  # it never entered a round
             self.carry_out(sl, sl.proto.on_action(a, t), t)
 
     # -- error feedback (EXTENSION) -------------------------------------------------------
@@ -307,8 +305,10 @@ class Engine:
     def _round_outcome(self, a: m.Action, t: float) -> None:
         """The leader's word to the followers, read for the pushes' outcomes: a ``Decide``
         rejects (the rest wait for the round's end); ``Apply`` applies those it accepted;
-        ``Discard`` discards all. Pushes that ``Unused`` or ``Refuse`` named are settled
-        when their learner hears it; a learner process that ends takes its residual along.
+        ``Discard`` discards all. A push ``Unused`` names settles when its learner hears it;
+        a round trained but never pushed (refused, or the run ended) settles as lost when
+        the learner trains its next one (``Refuse`` does not say which request it refuses);
+        a learner process that ends takes its residual along.
         (A round whose pushes were all rejected reaches the followers as a ``Discard``
         only: its pushes settle as discarded here, rejected in the leader's books; the
         residual is the same for both.)"""

@@ -26,7 +26,7 @@ def _in_flight(engine):
 def test_outcomes_match_the_leaders_books_and_the_residual_stays_finite():
     engine, _ = _run(wire="int4", error_feedback=True)
     books, seen = engine.leader.ledger.totals(), engine.feedback_tokens
-    # the engine reads outcomes from Decide / Apply / Discard / Unused / Refuse only
+    # the engine reads outcomes from Decide / Apply / Discard / Unused only
     assert seen["applied"] == books["applied"] == 600
     # a round with every push rejected reaches the followers as a Discard: the engine
     # counts those pushes discarded, the leader rejected (the residual is the same); the

@@ -102,6 +102,12 @@ def test_reconstruction_is_the_followers_decode_bit_for_bit():
     assert enc2["w"].codec == "stat2" and enc2["b"].codec == "bf16"
 
 
+@jax.jit
+def _codec(tree):
+    """What the followers decode of a tree sent as stat2 (blocks of 64)."""
+    return outer.decode_tree(outer.encode_tree(tree, "stat2", block_size=64))
+
+
 def _replay(tape, decay):
     """An offline replay of a tape, written from the module docstring's table in numpy:
     events ("push", i, delta) and ("settle", i, outcome)."""
@@ -111,8 +117,7 @@ def _replay(tape, decay):
         if event[0] == "push":
             _, i, delta = event
             target = {k: delta[k] + np.float32(decay) * e[k] for k in e}
-            enc = outer.encode_tree(target, "stat2", block_size=64)
-            decoded = {k: np.asarray(v, np.float32) for k, v in outer.decode_tree(enc).items()}
+            decoded = {k: np.asarray(v, np.float32) for k, v in _codec(target).items()}
             ok = all(np.all(np.isfinite(target[k])) and np.all(np.isfinite(decoded[k])) for k in e)
             if ok:
                 flight[i] = (target, decoded, e)

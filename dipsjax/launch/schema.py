@@ -234,6 +234,8 @@ SIM: dict[str, Rule] = {
     "eval_tokens": Int(1, 100_000_000),
     "data_layout": OneOf(("spread", "contiguous")),
     "seed": Int(0, 2**32 - 1),
+    "error_feedback": BOOL,
+    "feedback_decay": Real(0, 1),
 }
 
 MAX_CONNECTIONS = 65536
@@ -429,6 +431,12 @@ def validate_sim(
     if method not in methods:
         raise ConfigError(f"{where}.method", f"one of {methods} for `dipsjax {command}`", method)
     full = {**SIM_DEFAULTS, **fields}
+    if command == "run" and full["wire"] in sim_lib.SIM_ONLY_WIRES:
+        allowed = f"not {full['wire']} for `dipsjax run` (simulator only so far)"
+        raise ConfigError(f"{where}.wire", allowed, full["wire"])
+    if command == "run" and full["error_feedback"]:
+        allowed = "False for `dipsjax run` (simulator only so far)"
+        raise ConfigError(f"{where}.error_feedback", allowed, True)
     for name, allowed, ok, run_only in CROSS:
         try:
             holds = (run_only and plan_only) or ok(full)

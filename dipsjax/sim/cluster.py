@@ -174,6 +174,9 @@ class LocalCluster:
         self.restored: list[tuple[int, float, int, tuple[int, ...]]] = []
         # The report of each follower's newest outer step (leaves when the step is over).
         self.stepping: dict[int, m.Event] = {}
+        # Who else hears the actions to the followers (the simulator's error feedback learns
+        # from Decide, Apply and Discard how its learners' pushes ended).
+        self.round_watch: Callable[[m.Action, float], None] | None = None
 
     # -- the leader ------------------------------------------------------------------
 
@@ -201,6 +204,8 @@ class LocalCluster:
             if isinstance(a, m.WakeAt):
                 self.clock.at(a.t, lambda t_: self.feed(m.Tick(t_)), a.t)
             elif isinstance(a, TO_FOLLOWERS):
+                if self.round_watch is not None:
+                    self.round_watch(a, t)
                 if isinstance(a, m.Apply):
                     self.phases["update"] += self.world.cfg.update_seconds
                 for k in range(len(self.followers)):

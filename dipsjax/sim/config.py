@@ -11,7 +11,9 @@ from dipsjax.syncer import methods as methods_lib
 SYNCER_METHODS = methods_lib.METHODS
 CLIPS = methods_lib.CLIPS
 METHODS = ("dp", "sync_diloco", "naive_async", "dips", "decoupled", "async_diloco")
-WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5}
+WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5, "stat2": 0.28125}
+#: Codecs only the simulator carries so far (the runtime's data plane does not).
+SIM_ONLY_WIRES = ("stat2",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,7 +81,11 @@ class SimConfig:
     round by its share of a full round's tokens); ``refuse_nonfinite`` (each follower refuses
     a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
     comes back as a new incarnation. Off: the push is staged and the leader rejects it in
-    the round by its non-finite squared norm, as the papers' rule does).
+    the round by its non-finite squared norm, as the papers' rule does);
+    ``error_feedback`` (simulator only so far: each learner keeps the residual of what the
+    lossy ``wire`` codec withheld, adds ``feedback_decay`` times it to its next push and
+    settles it by each push's outcome, :mod:`dipsjax.outer._feedback`); ``wire="stat2"``
+    (the statistical 2-bit codec, :mod:`dipsjax.outer._codecs`; simulator only so far).
     """
 
     method: str = "dips"
@@ -145,6 +151,8 @@ class SimConfig:
     eval_tokens: int = 32768
     data_layout: str = "contiguous"
     seed: int = 0
+    error_feedback: bool = False
+    feedback_decay: float = 1.0
 
     def __post_init__(self) -> None:
         args = self.task_args
@@ -198,6 +206,7 @@ class SimConfig:
             (self.outer_clip_history >= 1, "outer_clip_history", ">= 1"),
             (self.eval_tokens >= 1, "eval_tokens", ">= 1 (32K to 64K measure; fewer for tests)"),
             (self.data_layout in ("spread", "contiguous"), "data_layout", "spread or contiguous"),
+            (0 <= self.feedback_decay <= 1, "feedback_decay", "in [0, 1]"),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (
                 not self.outer_optimizer or ":" in self.outer_optimizer,

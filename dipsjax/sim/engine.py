@@ -17,11 +17,15 @@ pushed at the end) independently of the leader's books (:class:`~dipsjax.sim.con
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
 
+import jax
+
+from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream
 from dipsjax.learner import Learner
 from dipsjax.learner.contribution import add_global_change, delta_to_send, push_meta, wire
@@ -31,6 +35,11 @@ from dipsjax.sim.world import World, figures_text
 from dipsjax.syncer import messages as m
 from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.learner import LearnerProtocol
+
+_feedback_encode = jax.jit(
+    outer.feedback_encode, static_argnames=("codec", "block_size", "embeddings", "topk")
+)
+_feedback_settle = jax.jit(outer.feedback_settle, static_argnames=("outcome",))
 
 
 @dataclasses.dataclass
@@ -53,6 +62,9 @@ class SimLearner:
     consumed: int = 0  # tokens of every batch drawn (learner-side count)
     lost: int = 0  # tokens of rounds a crash or leave destroyed before their push
     pushed_at: float | None = None
+    feedback: Any = None  # error feedback (EXTENSION): the residual (outer.FeedbackState)
+    # error feedback: its pushes whose outcome is not known, by round (None: not yet pushed)
+    unsettled: dict = dataclasses.field(default_factory=dict)
 
 
 def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
@@ -95,6 +107,11 @@ class Engine:
         self.scripted_joins = [t for _, t in cfg.joins] + [t for _, _, t in cfg.failures]
         self.reference = self.cluster.followers[0].reference
         self.hung: dict[int, float] = {}  # learner -> virtual time its hang ends (faults)
+        # Error feedback (EXTENSION): the outcome of each push, from the leader's actions.
+        self.feedback_tokens = collections.Counter()  # tokens of pushes settled, by outcome
+        self.accepted: dict[int, frozenset[int]] = {}  # round -> learners its Decide accepted
+        if cfg.error_feedback:
+            self.cluster.round_watch = self._round_outcome
 
     @property
     def leader(self) -> Leader:
@@ -124,6 +141,8 @@ class Engine:
                 self._train(sl, t, c)
             elif isinstance(c, m.Push):
                 sl.outbox, sl.pending = sl.pending, None
+                if None in sl.unsettled:  # error feedback: the push now has its round
+                    sl.unsettled[c.plan.round_id] = sl.unsettled.pop(None)
                 inc = sl.incarnation
                 self.cluster.push_shards(
                     c.plan,
@@ -162,7 +181,10 @@ class Engine:
         meta = push_meta(contrib, data, sl.incarnation, dt, pulled=sl.pulled)
         sl.pulled = False
         delta = delta_to_send(self.reference, contrib, sl.learner, sl.base)
-        sl.pending = wire(self.cfg.wire, delta)
+        if self.cfg.error_feedback:
+            sl.pending = self._feedback_payload(sl, delta, contrib.tokens)
+        else:
+            sl.pending = wire(self.cfg.wire, delta)
         sl.training = (t, dt, drawn)
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl, meta)
@@ -255,7 +277,54 @@ class Engine:
         if self._hangs(sl, self._to_learner, sl, a, self.hung.get(sl.j, t)):
             return
         if sl.alive and self.learners[sl.j] is sl:
+            if isinstance(a, m.Unused) and a.incarnation == sl.incarnation:
+                self._settle(sl, a.round_id, a.kind)  # stale | nonfinite
             self.carry_out(sl, sl.proto.on_action(a, t), t)
+
+    # -- error feedback (EXTENSION) -------------------------------------------------------
+
+    def _feedback_payload(self, sl: SimLearner, delta: dict, tokens: int) -> dict:
+        """What the followers receive with error feedback: ``decode(C(delta + decay e))``
+        (:func:`dipsjax.outer.feedback_encode`); the push is settled by its outcome."""
+        if None in sl.unsettled:  # a trained round never pushed: it delivered nothing
+            self._settle(sl, None, outer.Outcome.LOST)
+        if sl.feedback is None:
+            sl.feedback = outer.feedback_init(delta)
+        sl.feedback, _, pending = _feedback_encode(
+            sl.feedback, delta, codec=self.cfg.wire, decay=self.cfg.feedback_decay
+        )
+        sl.unsettled[None] = (pending, tokens)
+        return pending.decoded
+
+    def _settle(self, sl: SimLearner, round_id: int | None, outcome: str) -> None:
+        if round_id in sl.unsettled:
+            pending, tokens = sl.unsettled.pop(round_id)
+            sl.feedback = _feedback_settle(sl.feedback, pending, outer.Outcome(outcome))
+            self.feedback_tokens[str(outcome)] += tokens
+
+    def _round_outcome(self, a: m.Action, t: float) -> None:
+        """The leader's word to the followers, read for the pushes' outcomes: a ``Decide``
+        rejects (the rest wait for the round's end); ``Apply`` applies those it accepted;
+        ``Discard`` discards all. A push ``Unused`` names settles when its learner hears it;
+        a round trained but never pushed (refused, or the run ended) settles as lost when
+        the learner trains its next one (``Refuse`` does not say which request it refuses);
+        a learner process that ends takes its residual along.
+        (A round whose pushes were all rejected reaches the followers as a ``Discard``
+        only: its pushes settle as discarded here, rejected in the leader's books; the
+        residual is the same for both.)"""
+        del t
+        if isinstance(a, m.Decide):
+            self.accepted[a.round_id] = frozenset(
+                j for j, ok in zip(a.learners, a.accepted, strict=True) if ok
+            )
+            for j, ok in zip(a.learners, a.accepted, strict=True):
+                if not ok:
+                    self._settle(self.learners[j], a.round_id, outer.Outcome.REJECTED)
+        elif isinstance(a, m.Apply | m.Discard):
+            accepted = self.accepted.pop(a.round_id, frozenset())
+            for sl in self.learners:
+                ok = isinstance(a, m.Apply) and sl.j in accepted
+                self._settle(sl, a.round_id, "applied" if ok else "discarded")
 
     # -- scripted events -----------------------------------------------------------------
 

@@ -35,6 +35,11 @@ def replay(cfg: SimConfig, tape: EventTape, world: World | None = None) -> dict:
     tests' toy world)."""
     if cfg.method not in methods_lib.METHODS:
         raise ValueError(f"replay needs a syncer method, not {cfg.method!r}")
+    if cfg.error_feedback:
+        raise ValueError(
+            "replay does not carry error feedback (error_feedback=True): a push's payload "
+            "depends on its learner's residual, which the tape does not hold"
+        )
     world = World(cfg) if world is None else world
     method = world.method()
     followers = world.followers(method)

@@ -34,8 +34,14 @@ def test_roundtrip_within_documented_bound(x, codec, block):
 
 def test_wire_sizes():
     x = jnp.linspace(-1, 1, 1000)
-    sizes = {c: outer.encode(x, c, block_size=100).nbytes for c in outer.CODECS}
-    assert sizes == {"fp32": 4000, "bf16": 2000, "int8": 1000 + 40, "int4": 500 + 40}
+    encoded = {
+        c: jax.eval_shape(lambda c=c: outer.encode(x, c, block_size=100)) for c in outer.CODECS
+    }
+    sizes = {c: e.nbytes for c, e in encoded.items()}  # shapes alone give the sizes
+    want = {"fp32": 4000, "bf16": 2000, "int8": 1000 + 40, "int4": 500 + 40}
+    # stat2: 10 blocks of 100 two-bit indices (25 bytes) and four BF16 levels (8 bytes)
+    assert sizes == {**want, "stat2": 10 * (25 + 8)}
+    assert sizes == {c: outer.wire_size(1000, c, 100) for c in outer.CODECS}
 
 
 def test_int_codecs_tight_on_grid_values():
@@ -45,7 +51,7 @@ def test_int_codecs_tight_on_grid_values():
 
 def test_nonfinite_stays_detectable():
     x = jnp.array([1.0, jnp.nan, 2.0, 3.0])
-    for codec in ("bf16", "int8", "int4"):
+    for codec in ("bf16", "int8", "int4", "stat2"):
         y = outer.decode(outer.encode(x, codec, block_size=4))
         assert not np.all(np.isfinite(np.asarray(y)))
 
@@ -64,3 +70,18 @@ def test_bad_codec_named():
         outer.encode(jnp.ones(3), "int3")
     with pytest.raises(ValueError, match="block_size"):
         outer.encode(jnp.ones(3), "int4", block_size=3)
+    with pytest.raises(ValueError, match="multiple of 4 for stat2"):
+        outer.encode(jnp.ones(3), "stat2", block_size=6)
+    with pytest.raises(ValueError, match="codec"):
+        outer.leaf_codecs({"a": jnp.ones(3)}, "int2")
+    with pytest.raises(ValueError, match="embeddings must be a sequence"):
+        outer.leaf_codecs({"a": jnp.ones(3)}, "stat2", embeddings="embed")
+
+
+def test_integer_bounds_hold_with_fp32_rounding():
+    # x / s and s * q each round in FP32: on these values int8's error exceeded
+    # max|block| / 254 by 5.1e-6 relative (more than the round-trip test's 1e-6 slack)
+    x = jnp.asarray(np.random.default_rng(0).uniform(-1e4, 1e4, 100_000).astype(np.float32))
+    for codec in ("int8", "int4"):
+        err = jnp.abs(outer.decode(outer.encode(x, codec)) - x)
+        assert bool(jnp.all(err <= outer.error_bound(x, codec)))

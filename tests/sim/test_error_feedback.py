@@ -1,0 +1,70 @@
+"""Error feedback in the simulator (EXTENSION): each push settled by the outcome the
+leader's actions give it, on the toy world (real leader, followers, learner protocol)."""
+
+import jax
+import numpy as np
+import pytest
+
+from dipsjax.launch import schema
+from dipsjax.sim.config import SimConfig
+from dipsjax.sim.engine import Engine
+from dipsjax.sim.replay import replay
+from tests.sim.test_refuse_nonfinite import OneDivergence
+from tests.sim.toy_world import ToyWorld, toy_config
+
+
+def _run(world=ToyWorld, **kw):
+    cfg = toy_config(method="dips", speeds=(1.5, 1.0, 1.25), **kw)
+    engine = Engine(cfg, world=world(cfg))
+    return engine, engine.run()
+
+
+def _in_flight(engine):
+    return sum(tokens for sl in engine.learners for _, tokens in sl.unsettled.values())
+
+
+def test_outcomes_match_the_leaders_books_and_the_residual_stays_finite():
+    engine, _ = _run(wire="int4", error_feedback=True)
+    books, seen = engine.leader.ledger.totals(), engine.feedback_tokens
+    # the engine reads outcomes from Decide / Apply / Discard / Unused only
+    assert seen["applied"] == books["applied"] == 600
+    # a round with every push rejected reaches the followers as a Discard: the engine
+    # counts those pushes discarded, the leader rejected (the residual is the same); the
+    # push the leader dropped at the stop gets no word: it is still in flight, with one
+    # round trained but never pushed
+    assert seen["rejected"] + seen["discarded"] == books["rejected"] + books["dropped"] - 24
+    assert _in_flight(engine) == 2 * 24
+    residuals = [sl.feedback.residual for sl in engine.learners]
+    assert all(np.all(np.isfinite(np.asarray(x))) for r in residuals for x in r.values())
+    assert max(float(np.max(np.abs(np.asarray(x)))) for r in residuals for x in r.values()) > 0
+
+
+def test_a_nonfinite_push_never_enters_the_residual():
+    engine, _ = _run(world=OneDivergence, wire="int4", error_feedback=True)
+    assert engine.feedback_tokens["nonfinite"] == 24  # the diverged round, settled so
+    for sl in engine.learners:
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in sl.feedback.residual.values())
+
+
+def test_lossless_wire_with_feedback_is_the_run_without():
+    base, _ = _run(wire="fp32")
+    fed, _ = _run(wire="fp32", error_feedback=True)
+    a, b = base.cluster.model(), fed.cluster.model()
+    assert a[0] == b[0]
+    jax.tree.map(np.testing.assert_array_equal, a[1], b[1])
+    assert all(not np.any(x) for sl in fed.learners for x in sl.feedback.residual.values())
+
+
+def test_settings_named():
+    with pytest.raises(ValueError, match="feedback_decay"):
+        SimConfig(feedback_decay=1.5)
+    for field, value in (("wire", "stat2"), ("error_feedback", True)):
+        with pytest.raises(schema.ConfigError, match=f"sim.{field}.*simulator only"):
+            schema.validate_sim({field: value}, "run")
+        assert getattr(schema.validate_sim({field: value}, "simulate"), field) == value
+
+
+def test_replay_refuses_error_feedback():
+    engine, _ = _run(wire="fp32", error_feedback=True)
+    with pytest.raises(ValueError, match="replay does not carry error feedback"):
+        replay(engine.cfg, engine.leader.tape, world=ToyWorld(engine.cfg))

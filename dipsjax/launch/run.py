@@ -117,7 +117,18 @@ def _make_spec(
     # Checks the settings before anything is written (the run folder included).
     probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **settings)
     task = load_task(sim)
-    outer_optimizer_of(task, sim)  # the task's and the config's both set: an error now
+    # What a role would die of after the start, caught now: both outer optimizers set, one
+    # that builds no chain, a task without validation batches (the evaluator's).
+    step = outer_optimizer_of(task, sim)
+    if step is not None or sim.outer_optimizer:
+        from dipsjax.syncer import methods
+
+        methods.build(sim.method, sim.method_settings()).make_tx(step)
+    if not task.validation:
+        raise ValueError(
+            f"task {task.name!r} has no validation batches (Task.eval_batches): the run's "
+            "versions are evaluated on them"
+        )
     permissions.make_dir(run_dir)
     if credentials is None:
         credentials = create_credentials(Path(run_dir) / "credentials").directory

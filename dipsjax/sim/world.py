@@ -208,11 +208,11 @@ class World:
                 sums[name] = sums.get(name, 0.0) + float(value) * n
         loss = total / count
         derived = self.task.extra_metrics(loss)
-        clash = ({"loss"} | set(derived)) & set(sums)
+        clash = ({"loss", "bpb"} | set(derived)) & set(sums)
         if clash:
             raise ValueError(
                 f"task {self.task.name!r}: eval_metrics names {sorted(clash)} clash with the "
-                "loss or the loss-derived metrics"
+                "loss, bpb or the loss-derived metrics"
             )
         figures = {k: float(v) for k, v in derived.items()}
         figures.update({k: v / count for k, v in sums.items()})

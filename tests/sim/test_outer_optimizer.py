@@ -98,10 +98,16 @@ OUTER_TASK = textwrap.dedent(
     def loss(model, batch):
         return ((model(batch["x"]) - 1.0) ** 2).mean()
 
-    def get_task(cfg, outer=False):
+    class Unhashable(dict):  # a callable that cannot key the chains' cache
+        __hash__ = None
+        def __call__(self, lr, momentum):
+            return optax.sgd(lr)
+
+    def get_task(cfg, outer=False, validation=True):
+        step = {True: optax.sgd, False: None, "unhashable": Unhashable()}[outer]
         return Task(name="lin", model=Lin, loss=loss, data=Source,
-                    eval_batches=[Source().batch(9, 0)],
-                    outer_optimizer=optax.sgd if outer else None)
+                    eval_batches=[Source().batch(9, 0)] if validation else [],
+                    outer_optimizer=step)
     """
 )
 
@@ -172,5 +178,14 @@ def test_the_simulator_and_a_follower_process_build_the_task_s_outer_step(outer_
     with pytest.raises(ValueError, match="carries an outer_optimizer and the config names"):
         make_spec(both, outer_task / "run2")
     assert not (outer_task / "run2").exists()
+    # What the followers or the evaluator would die of after the start is caught before it.
+    for args, error, match in [
+        ({"outer": "unhashable"}, TypeError, "hashable function"),
+        ({"validation": False}, ValueError, "no validation batches"),
+    ]:
+        bad = SimConfig(task="outer_task:get_task", task_args=args, learners=2)
+        with pytest.raises(error, match=match):
+            make_spec(bad, outer_task / "run3")
+        assert not (outer_task / "run3").exists()
     with pytest.raises(ValueError, match="set one of them"):
         World(both).followers(World(both).method())

@@ -154,8 +154,8 @@ FIGURES_TASK = textwrap.dedent(
 
     def figures(model, batch, broken=None):
         pred = model(batch["x"])
-        if broken == "loss":
-            return {"loss": pred.mean()}
+        if broken in ("loss", "bpb"):
+            return {broken: pred.mean()}
         if broken == "shape":
             return {"above": pred}
         return {"above": (pred > 0.0).mean(), "mae": jnp.abs(pred - 1.0).mean()}
@@ -210,7 +210,11 @@ def test_a_task_s_own_figures_are_count_weighted_means_beside_the_loss(tmp_path,
 
 @pytest.mark.parametrize(
     ("broken", "match"),
-    [("loss", r"eval_metrics names \['loss'\] clash"), ("shape", "'above' must be a scalar")],
+    [
+        ("loss", r"eval_metrics names \['loss'\] clash"),
+        ("bpb", r"eval_metrics names \['bpb'\] clash"),
+        ("shape", "'above' must be a scalar"),
+    ],
 )
 def test_what_a_task_s_own_figures_get_wrong_is_named(tmp_path, monkeypatch, broken, match):
     from dipsjax.sim.world import World

@@ -254,12 +254,12 @@ class ContributorNode(LearnerNode):
         side = self.compute
         side.tokens_done += meta.tokens
         side.steps_done += meta.steps
+        wall = time.time()  # the wall-time axis every role's scalars share
         if given.loss is not None and math.isfinite(given.loss):
-            self.tb.add_scalar("learner/train_loss", given.loss, side.tokens_done)
+            self.tb.add_scalar("learner/train_loss", given.loss, side.tokens_done, walltime=wall)
         if given.seconds > 0:
-            self.tb.add_scalar(
-                "learner/tokens_per_s", meta.tokens / given.seconds, side.tokens_done
-            )
+            rate = meta.tokens / given.seconds
+            self.tb.add_scalar("learner/tokens_per_s", rate, side.tokens_done, walltime=wall)
         self.tb.flush()
         return self.proto.on_trained(meta, self.now())
 

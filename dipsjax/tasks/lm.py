@@ -45,6 +45,7 @@ import functools
 import glob
 import math
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -143,7 +144,18 @@ def _task(
     if layout not in LAYOUTS:
         raise ValueError(f"lm task: data_layout must be one of {LAYOUTS}, got {layout!r}")
 
-    tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
+    beside = records_tokenizer(records) if records is not None else None
+    if beside is not None and str(tokenizer).startswith("bpe:"):
+        # The BPE the records were written with, saved beside them: a learner that reads
+        # records never loads (or hashes) the train split's text to find its tokenizer.
+        tok = load_tokenizer(beside)
+        if tok.vocab_size != int(str(tokenizer)[4:]):
+            raise ValueError(
+                f"lm task: the records' tokenizer {beside} has {tok.vocab_size} ids, the "
+                f"config names {tokenizer!r}"
+            )
+    else:
+        tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
     if isinstance(tok, ByteTokenizer):
         config = get_config(model)  # the named configuration, as ever (its 260 ids hold 259)
         name = f"lm:{model}"
@@ -230,6 +242,16 @@ def task_count(batch: Any) -> int:
     if isinstance(batch, EvalBatch):
         return int(np.count_nonzero(np.asarray(batch.mask)))
     return tokens_in(batch)
+
+
+def records_tokenizer(records: Sequence[str]) -> str | None:
+    """The ``tokenizer.json`` :func:`write_records` saved beside records ``records`` (the
+    first path given, ``PATH.tokenizer.json``), if there is one."""
+    first = str(records[0])
+    stem = first.split("*", 1)[0].rstrip("-") if glob.has_magic(first) else first
+    stem = re.sub(r"-\d{5}-of-\d{5}$", "", stem)  # a shard's file: its records' path
+    path = stem + ".tokenizer.json"
+    return path if os.path.isfile(path) else None
 
 
 def _record_source(
@@ -348,7 +370,8 @@ def write_records(
 ) -> list[str]:
     """Writes the train split's chunks (``tokenizer``'s tokens, ``chunk_len`` targets each)
     as ArrayRecord files for ``task_args={"records": path, "tokenizer": ...}``; returns the
-    files written."""
+    files written. A subword tokenizer is saved beside them (``PATH.tokenizer.json``): a
+    learner reading the records takes it from there, never reading the train text."""
     from dipsjax.data import load_tokenizer, train_chunks
     from dipsjax.data.fetch import data_dir as default_data_dir
     from dipsjax.data.records import write_chunks
@@ -358,7 +381,10 @@ def write_records(
     chunks = train_chunks(
         corpus, chunk_len=chunk_len, tokenizer=tok, data_dir=root, validation_doc=validation_doc
     )
-    return write_chunks(path, chunks, shards=shards)
+    files = write_chunks(path, chunks, shards=shards)
+    if hasattr(tok, "save"):  # a subword tokenizer travels with its records
+        tok.save(str(path) + ".tokenizer.json")
+    return files
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -176,6 +176,26 @@ def test_records_give_the_batches_of_memory(data, tmp_path):
         for c in range(0, src.num_chunks, 11):
             for i in (0, src.batches_per_chunk - 1):
                 np.testing.assert_array_equal(src.batch(c, i), memory.batch(c, i))
+    # The BPE travels with its records: a learner that reads them never loads the train
+    # split's text (here it cannot: reading it fails), by path, glob or shard files.
+    assert (tmp_path / "bpe" / "austen.array_record.tokenizer.json").is_file()
+    from dipsjax.data import corpus as corpus_lib
+    from dipsjax.data import pipeline as pipeline_lib
+
+    real_load = corpus_lib.load_corpus
+
+    def no_train_text(name, split="train", *args, **kw):
+        assert split != "train", "a learner reading records loaded the train split's text"
+        return real_load(name, split, *args, **kw)
+
+    for records in (str(path), str(tmp_path / "bpe" / "austen.array_record-*"), files):
+        lm._task.cache_clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(corpus_lib, "load_corpus", no_train_text)
+            mp.setattr(pipeline_lib, "load_corpus", no_train_text)
+            task = lm.get_task(cfg, tokenizer="bpe:512", records=records)
+            np.testing.assert_array_equal(task.source.batch(5, 3), memory.batch(5, 3))
+            assert len(task.validation) > 0
     # The command line writes the same chunks.
     assert lm.main(["--write-records", str(tmp_path / "cli"), "--tokenizer", "bpe:512"]) == 0
     cli = RecordChunks(str(tmp_path / "cli"), batch_size=cfg.batch_size, seq_len=cfg.seq_len)

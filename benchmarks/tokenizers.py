@@ -10,9 +10,10 @@ bytes: the BPE run trains ``--rounds`` rounds (a round: 16 steps of each learner
 run as many whole rounds as cover the same bytes (the BPE's rounds times its bytes per
 token on the train split, to the nearest round: 25 rounds for 9 of bpe:1024's 2.76 bytes
 a token, within 0.5% of its bytes). Each run reports its validation
-bits per byte, exact over the text its validation batches cover (16 batches: 8,192 tokens,
-so about twice as many bytes of *Persuasion* for the BPE), and the corpus bytes it trained
-on (tokens trained times bytes per token).
+bits per byte on the fixed validation set (``eval_tokens=32768`` tokens in windows spread
+over all of *Persuasion*; so about 2.8 times as many bytes of it for the BPE), exact over
+the bytes its scored targets spell, and the corpus bytes it trained on (tokens trained
+times bytes per token).
 
 Run: ``.venv/bin/python benchmarks/tokenizers.py [--vocab 1024] [--rounds 9]``
 (``--tiny``: a harness check, 2 learners, H = 4, one BPE round; its figures mean nothing).

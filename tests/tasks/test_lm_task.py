@@ -99,7 +99,8 @@ def test_the_validation_set_is_fixed_spread_and_exact(data):
     # vary from token to token (its initialization, scaled).
     world = World(cfg)
     params = jax.tree.map(lambda x: 3.0 * np.asarray(x), world.init_params)
-    loss, bpb = world.evaluate(params)
+    got = world.evaluate(params)
+    loss, bpb = got.loss, got.bpb
     model = nnx.merge(world.evaluator.inner.graphdef, world.evaluator.params)
     windows = jnp.asarray(rows)
     nll = np.asarray(cross_entropy(model(windows[:, :-1]), windows[:, 1:]), np.float64)

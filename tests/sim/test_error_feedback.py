@@ -68,3 +68,24 @@ def test_replay_refuses_error_feedback():
     engine, _ = _run(wire="fp32", error_feedback=True)
     with pytest.raises(ValueError, match="replay does not carry error feedback"):
         replay(engine.cfg, engine.leader.tape, world=ToyWorld(engine.cfg))
+
+
+@pytest.mark.parametrize("wire", ["bf16", "int4", "stat2"])
+def test_the_simulator_prices_each_tensor_in_the_codec_it_is_sent_in(wire):
+    # stat2 sends norms and embeddings as BF16 (outer.leaf_codecs): a round's bytes on the
+    # wire are those of the tensors as sent, counted here from the names and shapes alone.
+    from dipsjax import outer
+    from dipsjax.sim.world import World
+
+    world = World(SimConfig(model="tiny", wire=wire))
+    flat = {"/".join(p): np.shape(x) for p, x in outer.flatten(world.init_params).items()}
+    real = sum(int(np.prod(s)) for s in flat.values())
+    scale = world.cfg.virtual_params / real
+    per_value = {"bf16": 2.0, "int4": 0.5, "stat2": 0.28125}
+    expected = 0.0
+    for name, shape in flat.items():
+        as_bf16 = wire == "stat2" and (len(shape) <= 1 or "embed" in name or "lm_head" in name)
+        expected += int(np.prod(shape)) * (2.0 if as_bf16 else per_value[wire]) * scale
+    assert world.wire_bytes == pytest.approx(expected, rel=1e-12)
+    if wire == "stat2":  # the tiny model's embedding dominates: far above 2.25 bits a value
+        assert world.wire_bytes > 2 * per_value["stat2"] * world.cfg.virtual_params

@@ -9,6 +9,7 @@ deterministic ablation).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -285,3 +286,25 @@ def test_ladder(tmp_path):
     assert len(lines) == 4 and (out / "ladder.md").is_file()
     again = run_benchmark("ladder", "--tiny", "--out", str(out), timeout=120, tmp_path=tmp_path)
     assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_quality_tiny(tmp_path):
+    # Two of the comparisons in tiny form (2 rounds, H=2, one seed): each figure is the
+    # relative gap of the two runs' final bits per byte in the results file, recomputed
+    # here; Di-PS's pair runs at eta 100, so its time ratio is reported beside the gap.
+    out = tmp_path / "quality"
+    args = ("--tiny", "--out", str(out), "--only", "sync_vs_dp_m1", "dips_vs_sync_eta100")
+    fig = run_benchmark("quality", *args, timeout=300, tmp_path=tmp_path)
+    expect(
+        fig,
+        ["sync_vs_dp_m1_gap", "dips_vs_sync_eta100_gap", "dips_vs_sync_eta100_time_ratio"],
+    )
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    by = {(r["label"], r["m"]): r for r in rows}
+    sync1, dp1 = by[("sync_diloco", 1)], by[("dp", 1)]
+    assert fig["sync_vs_dp_m1_gap"] == pytest.approx(sync1["bpb"] / dp1["bpb"] - 1, abs=1e-4)
+    dips, sync2 = by[("dips", 2)], by[("sync_diloco", 2)]
+    assert fig["dips_vs_sync_eta100_gap"] == pytest.approx(dips["bpb"] / sync2["bpb"] - 1, abs=1e-4)
+    ratio = dips["virtual_time"] / sync2["virtual_time"]
+    assert fig["dips_vs_sync_eta100_time_ratio"] == pytest.approx(ratio, abs=1e-4)

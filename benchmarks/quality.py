@@ -1,0 +1,173 @@
+"""Training quality at equal tokens (issue 20's "what must show"), on the simulator's fixed
+validation set, over several seeds: each comparison is a pair of settings run with the
+same seeds, reported as the relative gap in final bits per byte (mean and spread over the
+seeds) and, where the goal says "sooner", the ratio of simulated wall times.
+
+============================  ==========================================  ================
+figure                        a against b                                 goal
+============================  ==========================================  ================
+``sync_vs_dp_m4``             synchronous DiLoCo vs tuned DP, M=4         gap <= 4%
+``sync_vs_dp_m1``             the same at M=1                             gap <= 1%
+``dips_vs_sync_eta100``       Di-PS vs synchronous DiLoCo, eta 100        gap <= 1%, sooner
+``decoupled_k1_vs_km_eta100`` Decoupled K=1 + grace vs K=M, eta 100       gap <= 2%, sooner
+``{dips,decoupled}_stat2_ef`` 2-bit + error feedback vs BF16 (EXTENSION)  gap <= 1%
+``{dips,decoupled}_stat2``    2-bit without error feedback vs BF16        gap > 1% (control)
+``{dips,decoupled}_int4``     int4 vs BF16                                gap <= 0.5%
+============================  ==========================================  ================
+
+Every run is one :func:`dipsjax.sim.simulator.simulate` of the tiny language model with the
+ladder's base settings (``benchmarks/ladder.py``: batch 8 x 64 tokens, inner AdamW at 3e-3,
+H inner steps) and each method's defaults, for ``--rounds`` rounds' worth of tokens
+(``M * H * 8 * 64`` a round). Results are cached in ``OUT/results.jsonl`` (the ladder's
+format and runner: a second call runs only what is missing, and the ladder's own runs with
+the same settings are reused when ``--out`` is the ladder's directory).
+
+Run: ``.venv/bin/python benchmarks/quality.py --out runs/quality`` (42 runs, about an hour on
+two cores); ``--tiny`` for the form the tests run (2 rounds, H=2, one seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.ladder import BASE, METHODS, _stats, run_all  # noqa: E402
+
+WIRES = {
+    "stat2_ef": dict(wire="stat2", error_feedback=True),
+    "stat2": dict(wire="stat2"),
+    "int4": dict(wire="int4"),
+}
+
+
+def _run(label: str, m: int, h: int, seed: int, rounds: int, eta: float, **extra) -> dict:
+    tokens = rounds * m * h * BASE["batch_size"] * BASE["seq_len"]
+    cfg = dict(BASE, learners=m, inner_steps=h, token_budget=tokens, seed=seed, eta=eta)
+    if label == "dp":
+        cfg["method"] = "dp"
+    else:
+        fields = dict(METHODS[label])
+        if fields.get("quorum") == 0:
+            fields["quorum"] = m
+        cfg.update(fields)
+    cfg.update(extra)
+    return dict(label=label, axes=dict(extra), cfg=cfg)
+
+
+def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[dict], dict]]:
+    """``{figure: (runs a, runs b, goal)}``; a goal has ``max_gap`` / ``min_gap`` and
+    ``sooner`` (a's simulated time below b's)."""
+    seeds, h, r = range(args.seeds), args.h, args.rounds
+    m = args.m
+
+    def pair(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
+        return (
+            [_run(**a, seed=s, h=h, rounds=r) for s in seeds],
+            [_run(**b, seed=s, h=h, rounds=r) for s in seeds],
+        )
+
+    out = {
+        "sync_vs_dp_m4": (
+            *pair(dict(label="sync_diloco", m=m, eta=0.0), dict(label="dp", m=m, eta=0.0)),
+            dict(max_gap=0.04),
+        ),
+        "sync_vs_dp_m1": (
+            *pair(dict(label="sync_diloco", m=1, eta=0.0), dict(label="dp", m=1, eta=0.0)),
+            dict(max_gap=0.01),
+        ),
+        "dips_vs_sync_eta100": (
+            *pair(
+                dict(label="dips", m=m, eta=args.eta), dict(label="sync_diloco", m=m, eta=args.eta)
+            ),
+            dict(max_gap=0.01, sooner=True),
+        ),
+        "decoupled_k1_vs_km_eta100": (
+            *pair(
+                dict(label="decoupled_k1", m=m, eta=args.eta),
+                dict(label="decoupled_km", m=m, eta=args.eta),
+            ),
+            dict(max_gap=0.02, sooner=True),
+        ),
+    }
+    goals = {
+        "stat2_ef": dict(max_gap=0.01),
+        "stat2": dict(min_gap=0.01),
+        "int4": dict(max_gap=0.005),
+    }
+    for method, name in (("dips", "dips"), ("decoupled_k1", "decoupled")):
+        for wire, extra in WIRES.items():
+            out[f"{name}_{wire}"] = (
+                *pair(
+                    dict(label=method, m=m, eta=args.eta, **extra),
+                    dict(label=method, m=m, eta=args.eta),
+                ),
+                goals[wire],
+            )
+    return out
+
+
+def _key(run: dict) -> str:
+    from benchmarks.ladder import key
+
+    return key(run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path("runs/quality"))
+    p.add_argument("--tiny", action="store_true", help="the tests' form: 2 rounds, H=2, 1 seed")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2,
+    )
+    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--m", type=int, default=4, help="learners (the M=1 comparison aside)")
+    p.add_argument("--h", type=int, default=16)
+    p.add_argument("--eta", type=float, default=100.0, help="heterogeneity of the async pairs")
+    p.add_argument("--only", nargs="+", default=None, help="figures to run (default: all)")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.rounds, args.seeds, args.m, args.h = 2, 1, 2, 2
+    plan = comparisons(args)
+    if args.only:
+        unknown = sorted(set(args.only) - set(plan))
+        if unknown:
+            p.error(f"unknown figures {unknown}; choose from {sorted(plan)}")
+        plan = {k: v for k, v in plan.items() if k in args.only}
+    runs = {_key(r): r for a, b, _ in plan.values() for r in (*a, *b)}
+    results = {r["key"]: r for r in run_all(list(runs.values()), args.out, args.workers)}
+    lines = []
+    for name, (a, b, goal) in plan.items():
+        ra = [results[_key(r)] for r in a]
+        rb = [results[_key(r)] for r in b]
+        gaps = [x["bpb"] / y["bpb"] - 1.0 for x, y in zip(ra, rb, strict=True)]
+        mean, spread = _stats(gaps)
+        time_ratio = sum(x["virtual_time"] for x in ra) / sum(y["virtual_time"] for y in rb)
+        bpb_a, _ = _stats([x["bpb"] for x in ra])
+        bpb_b, _ = _stats([y["bpb"] for y in rb])
+        print(
+            f"{name}: {bpb_a:.4f} vs {bpb_b:.4f} bpb, gap {100 * mean:+.2f}% +- {100 * spread:.2f} "
+            f"over {len(gaps)} seeds ({', '.join(f'{100 * g:+.2f}%' for g in gaps)}), "
+            f"simulated time ratio {time_ratio:.3f}"
+        )
+        if "max_gap" in goal:
+            text = f"<= {goal['max_gap']}"
+        else:
+            text = f"> {goal['min_gap']}"
+        lines.append(f"{name}_gap: {mean:.4f} (goal: {text})")
+        if goal.get("sooner"):
+            lines.append(f"{name}_time_ratio: {time_ratio:.4f} (goal: < 1)")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -166,7 +166,9 @@ def _only_restart(run, role):
 
 
 def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
-    sim = _sim()
+    # 12 pushes a learner (36): a run measured had 12 in when the new incarnation joined,
+    # and it needs one of its own before the budget.
+    sim = _sim(pushes=12)
     run = tmp_path / "run"
     spec = dataclasses.replace(make_spec(sim, run), push_pause=0.8)
     launcher = _start(spec, tmp_path)

@@ -461,7 +461,9 @@ def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
     from dipsjax.launch.run import launch, resumable
     from dipsjax.runtime import snapshot
 
-    sim = _sim(learners=2, speeds=(1, 1.3))
+    # 10 pushes a learner (20): a run measured took its snapshot at version 2 (4 pushes),
+    # and both fresh learners joined within 0.3 s of each other.
+    sim = _sim(pushes=10, learners=2, speeds=(1, 1.3))
     run = tmp_path / "run"
     launcher = _start(make_spec(sim, run), tmp_path)
     # Both learners members (the slower one may still compile at version 2: it would then

@@ -355,7 +355,9 @@ def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_i
 
 
 def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp_path):
-    sim = _sim()
+    # 10 pushes a learner (30): a run measured at 16 killed the leader at push 7 and had
+    # every learner back at push 11 (no round is decided while the leader is down).
+    sim = _sim(pushes=10)
     run, _spec, launcher = _start_calm(tmp_path, sim)
     before = json.loads((run / "pids.json").read_text())
     killed_at = _status(run)["t"]

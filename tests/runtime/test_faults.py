@@ -274,7 +274,9 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
     """The replacement restarts from the newest checkpoint on a new port (the launcher's
     default, ``move_followers``): it announces its address on joining, and learners that
     cannot reach the old one find it through the leader and push to it."""
-    sim = _sim()
+    # 10 pushes a learner (30): a run measured at 16 killed the follower at push 4 and had
+    # its replacement joined at push 4 (no round is applied without it).
+    sim = _sim(pushes=10)
     run, spec, launcher = _start_calm(tmp_path, sim)
     moved = spec.move_followers
     killed_at = _status(run)["t"]

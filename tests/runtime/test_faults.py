@@ -166,7 +166,9 @@ def _only_restart(run, role):
 
 
 def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
-    sim = _sim()
+    # 12 pushes a learner (36): a run measured had 12 in when the new incarnation joined,
+    # and it needs one of its own before the budget.
+    sim = _sim(pushes=12)
     run = tmp_path / "run"
     spec = dataclasses.replace(make_spec(sim, run), push_pause=0.8)
     launcher = _start(spec, tmp_path)
@@ -272,7 +274,9 @@ def test_a_follower_killed_is_found_by_heartbeats_and_a_replacement_takes_over(t
     """The replacement restarts from the newest checkpoint on a new port (the launcher's
     default, ``move_followers``): it announces its address on joining, and learners that
     cannot reach the old one find it through the leader and push to it."""
-    sim = _sim()
+    # 10 pushes a learner (30): a run measured at 16 killed the follower at push 4 and had
+    # its replacement joined at push 4 (no round is applied without it).
+    sim = _sim(pushes=10)
     run, spec, launcher = _start_calm(tmp_path, sim)
     moved = spec.move_followers
     killed_at = _status(run)["t"]
@@ -353,7 +357,9 @@ def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_i
 
 
 def test_the_leader_killed_comes_back_from_its_snapshot_and_everyone_rejoins(tmp_path):
-    sim = _sim()
+    # 10 pushes a learner (30): a run measured at 16 killed the leader at push 7 and had
+    # every learner back at push 11 (no round is decided while the leader is down).
+    sim = _sim(pushes=10)
     run, _spec, launcher = _start_calm(tmp_path, sim)
     before = json.loads((run / "pids.json").read_text())
     killed_at = _status(run)["t"]
@@ -420,8 +426,9 @@ def test_a_hung_learner_is_evicted_and_comes_back_as_a_new_incarnation(tmp_path)
     """SIGSTOP for a hang: silent for 3 heartbeat intervals, the learner is evicted (its
     push dropped, its leases back in the ledger). Woken up, it learns it was evicted,
     exits with code 75, and the launcher starts a new incarnation (a longer run: the new
-    incarnation compiles before it joins)."""
-    sim = _sim(pushes=60)
+    incarnation starts and loads its compiled steps before it joins; a run measured: 32
+    of its 108 pushes done when it joined, 7 when learner 2 was evicted)."""
+    sim = _sim(pushes=36)
     run, spec, launcher = _start_calm(tmp_path, sim)
     pid = json.loads((run / "pids.json").read_text())["learner2"]
     stopped_at = _status(run)["t"]
@@ -458,7 +465,9 @@ def test_a_snapshot_taken_while_training_restarts_in_fresh_processes(tmp_path):
     from dipsjax.launch.run import launch, resumable
     from dipsjax.runtime import snapshot
 
-    sim = _sim(learners=2, speeds=(1, 1.3))
+    # 10 pushes a learner (20): a run measured took its snapshot at version 2 (4 pushes),
+    # and both fresh learners joined within 0.3 s of each other.
+    sim = _sim(pushes=10, learners=2, speeds=(1, 1.3))
     run = tmp_path / "run"
     launcher = _start(make_spec(sim, run), tmp_path)
     # Both learners members (the slower one may still compile at version 2: it would then

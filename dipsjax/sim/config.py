@@ -39,7 +39,9 @@ class SimConfig:
     and so its step count, is kept across pulls, as DiLoCo does).
 
     Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
-    ``outer_momentum``); ``outer_optimizer`` names a function ``(learning_rate, momentum)
+    ``outer_momentum``; ``None``, the default: the method's own,
+    :data:`dipsjax.syncer.methods.OUTER_DEFAULTS`, chosen by the tuning ladder);
+    ``outer_optimizer`` names a function ``(learning_rate, momentum)
     -> optax transform`` to use in its place (an extension; a task may carry one instead,
     :attr:`dipsjax.task.Task.outer_optimizer`: both set is an error). The global clip of
     the merged update: ``outer_clip`` ``""`` (the method's: Di-PS clips at 1, the others not),
@@ -107,8 +109,8 @@ class SimConfig:
     inner_weight_decay: float = 0.0
     inner_clip: float | None = 1.0
     outer_optimizer: str = ""
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.8
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     outer_preset: str = ""
     outer_clip: str = ""
     outer_clip_norm: float = 1.0
@@ -202,6 +204,12 @@ class SimConfig:
             (self.adopt in ("replace", "delta"), "adopt", "replace or delta"),
             (self.eval_every >= 1, "eval_every", ">= 1"),
             (self.outer_clip in methods_lib.CLIPS, "outer_clip", f"one of {methods_lib.CLIPS}"),
+            (self.outer_lr is None or self.outer_lr > 0, "outer_lr", "> 0 or None"),
+            (
+                self.outer_momentum is None or 0 <= self.outer_momentum < 1,
+                "outer_momentum",
+                "in [0, 1) or None",
+            ),
             (self.outer_clip_norm > 0, "outer_clip_norm", "> 0"),
             (self.outer_clip_history >= 1, "outer_clip_history", ">= 1"),
             (self.eval_tokens >= 1, "eval_tokens", ">= 1 (32K to 64K measure; fewer for tests)"),
@@ -298,6 +306,15 @@ class SimConfig:
             "version_cache": self.version_cache,
             "refuse_nonfinite": self.refuse_nonfinite,
         }
+
+    def outer(self) -> tuple[float, float]:
+        """The outer Nesterov ``(learning rate, momentum)`` this experiment runs: the config's
+        own, else its method's default (the decentralized baseline ``async_diloco`` takes
+        ``naive_async``'s; ``dp`` has no outer step and reports ``sync_diloco``'s)."""
+        name = {"async_diloco": "naive_async", "dp": "sync_diloco"}.get(self.method, self.method)
+        return methods_lib.MethodSettings(
+            outer_lr=self.outer_lr, outer_momentum=self.outer_momentum
+        ).outer(name)
 
     def method_settings(
         self, layer_owner: tuple[int, ...] = (), num_followers: int = 1

@@ -44,7 +44,7 @@ def simulate_decentralized(
 ) -> SimResult:
     world = World(cfg)
     ledger = LocalLedger(world.ledger())
-    tx = outer.diloco(cfg.outer_lr, cfg.outer_momentum)
+    tx = outer.diloco(*cfg.outer())
     m = cfg.learners
     replicas = [jax.tree.map(jnp.asarray, world.init_params) for _ in range(m)]
     states = [tx.init(replicas[0]) for _ in range(m)]

@@ -30,6 +30,16 @@ from dipsjax.syncer import grace as grace_lib
 from dipsjax.syncer.leader import LeaderConfig
 
 METHODS = ("dips", "decoupled", "naive_async", "sync_diloco")
+#: Each method's default outer Nesterov ``(learning rate, momentum)``, chosen by the tuning
+#: ladder (``benchmarks/ladder.py``, docs/benchmarks.md "Tuning ladder"); a config's
+#: ``outer_lr`` / ``outer_momentum`` override them, and ``outer_preset="dips-paper"`` gives
+#: the Di-PS paper's 0.7 / 0.8 whatever the method.
+OUTER_DEFAULTS: dict[str, tuple[float, float]] = {
+    "dips": (0.7, 0.8),
+    "decoupled": (0.7, 0.8),
+    "naive_async": (0.7, 0.8),
+    "sync_diloco": (0.7, 0.8),
+}
 CLIPS = ("", "none", "absolute", "relative")
 
 
@@ -39,7 +49,8 @@ class MethodSettings:
 
     Attributes:
       learners: ``M``, the number of learners (the synchronous quorum).
-      outer_lr, outer_momentum: Nesterov (Di-PS sec. 13: 0.7, 0.8).
+      outer_lr, outer_momentum: the outer Nesterov step (``None``: the method's default,
+        :data:`OUTER_DEFAULTS`).
       anomaly: the Di-PS penalty's settings.
       grace: grace policy name overriding the method's default (``''``: the default).
       grace_seconds: window of the ``fixed`` policy.
@@ -68,8 +79,8 @@ class MethodSettings:
     """
 
     learners: int = 4
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.8
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     anomaly: rules.AnomalyConfig = dataclasses.field(default_factory=rules.AnomalyConfig)
     grace: str = ""
     grace_seconds: float = 8.0
@@ -90,6 +101,15 @@ class MethodSettings:
     clip_norm: float = 1.0
     clip_history: int = 16
     penalty: bool = True
+
+    def outer(self, method: str) -> tuple[float, float]:
+        """The outer ``(learning rate, momentum)`` for ``method``: the settings' own, else the
+        method's default (:data:`OUTER_DEFAULTS`)."""
+        lr, mom = OUTER_DEFAULTS[method]
+        return (
+            lr if self.outer_lr is None else self.outer_lr,
+            mom if self.outer_momentum is None else self.outer_momentum,
+        )
 
     def __post_init__(self) -> None:
         if self.learners < 1:
@@ -149,7 +169,7 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None, fn: Any = Non
     from dipsjax import outer
 
     a = s.anomaly
-    lr, mom = s.outer_lr, s.outer_momentum
+    lr, mom = s.outer(name)
     step = None
     if s.outer_optimizer:
         from dipsjax.task import resolve

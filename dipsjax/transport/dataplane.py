@@ -300,8 +300,9 @@ def encode_tensor(
 
 
 def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = True) -> np.ndarray:
-    """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one
-    stays BF16, half the memory; widening later gives the same float32 values)."""
+    """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one,
+    or a ``stat2`` one, whose values are BF16 levels, comes as BF16, half the memory;
+    widening later gives the same float32 values)."""
     if header.codec in ("fp32", "bf16"):  # host fast path, bit-identical to outer.decode
         dtype = np.float32 if header.codec == "fp32" else ml_dtypes.bfloat16
         x = np.frombuffer(payload, dtype).reshape(header.shape)
@@ -315,7 +316,9 @@ def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = Tr
         dtype=header.dtype,
         block_size=header.block_size,
     )
-    return np.asarray(_decode(enc))
+    x = np.asarray(_decode(enc))
+    # stat2 decodes to its blocks' BF16 levels: BF16 holds them exactly, in half the memory.
+    return x if widen or header.codec != "stat2" else x.astype(ml_dtypes.bfloat16)
 
 
 # -------------------------------------------------------------------------- frames

@@ -14,10 +14,13 @@ process (``runtime/learner.py``, ``runtime/partition.py``) and the decentralized
 from __future__ import annotations
 
 import collections
+import os
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dipsjax import outer
 from dipsjax.learner.round import Learner
@@ -124,9 +127,70 @@ class PushFeedback:
         self.state = _feedback_settle(self.state, pending, outer.Outcome(outcome))
         self.settled[str(outcome)] += 1
 
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the residual and the pushes not settled yet to ``path`` (``.npz``, via a
+        temporary file renamed into place: a file there is whole)."""
+        arrays: dict[str, np.ndarray] = {}
+        if self.state is not None:
+            arrays.update(_named("residual", self.state.residual))
+        for r, pending in self.pending.items():
+            for field in ("target", "decoded", "held"):
+                arrays.update(_named(f"pending/{r}/{field}", getattr(pending, field)))
+            arrays[f"pending/{r}/finite"] = np.asarray(pending.finite)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike) -> list[int]:
+        """Takes the residual and the unsettled pushes :meth:`save` wrote (a restarted
+        process); returns those pushes' rounds, for the protocol to settle."""
+        with np.load(path) as data:
+            flat = {k: data[k] for k in data.files}
+        self.state = (
+            outer.FeedbackState(_tree(flat, "residual"))
+            if any(k.startswith("residual/") for k in flat)
+            else None
+        )
+        rounds = sorted({int(k.split("/")[1]) for k in flat if k.startswith("pending/")})
+        self.pending = {
+            r: outer.Pending(
+                _tree(flat, f"pending/{r}/target"),
+                _tree(flat, f"pending/{r}/decoded"),
+                _tree(flat, f"pending/{r}/held"),
+                jnp.asarray(flat[f"pending/{r}/finite"]),
+            )
+            for r in rounds
+        }
+        self.sent = {}
+        return rounds
+
     def residual_norm(self) -> float:
         """The residual's L2 norm (0 before the first push)."""
         if self.state is None:
             return 0.0
         leaves = jax.tree.leaves(self.state.residual)
         return float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in leaves)))
+
+
+def _named(prefix: str, tree: Any) -> dict[str, np.ndarray]:
+    """``{prefix/a/b: array}`` of a nested dict of arrays (``/`` joins its keys)."""
+    flat = outer.flatten(jax.device_get(tree))
+    bad = [path for path in flat if any("/" in str(k) for k in path)]
+    if bad:
+        raise ValueError(f"error feedback cannot save a tree whose keys hold '/': {bad[0]}")
+    return {"/".join((prefix, *path)): np.asarray(x) for path, x in flat.items()}
+
+
+def _tree(flat: dict[str, np.ndarray], prefix: str) -> dict:
+    """The nested dict :func:`_named` wrote under ``prefix``."""
+    head = prefix + "/"
+    return outer.unflatten(
+        {
+            tuple(k[len(head) :].split("/")): jnp.asarray(v)
+            for k, v in flat.items()
+            if k.startswith(head)
+        }
+    )

@@ -39,13 +39,18 @@ tensor in its own codec. ``error_feedback`` keeps the residual of what the codec
 each push sends ``C(delta + feedback_decay * e)``, and the protocol settles it by the
 outcome the leader's ``NotifyPull`` says (or a rejoin's ``SendModel``; see
 :mod:`dipsjax.syncer.learner`). The residual lives in the process's memory: a rejoin in
-the same process (the leader was lost) keeps it, but it is **not checkpointed**, so a
-restarted process (``--resume``, or a new incarnation) starts from a zero residual, and the
-pushes it had in flight are never settled. What that loses is the residual ``e`` (the part
-of its applied pushes' targets the codec withheld, a bounded quantity: about one push's
-compression error with decay 1 and every push applied) and the residual held by the
-pushes in flight (``held``, returned by a push that is not applied): conservation
-(:mod:`dipsjax.outer._feedback`) holds again from the restart on, for the pushes after it.
+the same process (the leader was lost) keeps it. With checkpoints, each checkpoint writes
+the residual and the pushes not settled yet beside it (``RUN_DIR/learner{j}/feedback/
+STEP.npz``, before the checkpoint itself), and a process restarted with ``--resume`` takes
+those of the checkpoint it restores and settles the pushes by the leader's word, as a
+rejoin does. The leader's word is about the learner's last push only: a restored push
+that is not the last one (with ``overlap``, a ``start`` checkpoint written while push
+``r`` was in flight, then push ``r + 1`` sent before the process died) settles as
+``lost`` even if it was applied, and the residual it carried is sent once more. A new
+incarnation starts afresh, from a zero
+residual: it loses the residual ``e`` (the part of its applied pushes' targets the codec
+withheld: about one push's compression error with decay 1) and the residual held by its
+pushes in flight; conservation (:mod:`dipsjax.outer._feedback`) holds again from there on.
 
 Faults: a learner started with a higher ``--incarnation`` (the launcher's restart after a
 crash) begins afresh: the leader ends the old incarnation and this one pulls a whole
@@ -206,8 +211,10 @@ class LearnerNode:
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
-        if incarnation > 0 and not resume and ckpt_dir.exists():
-            shutil.rmtree(ckpt_dir)  # a dead incarnation's state: this one starts afresh
+        if incarnation > 0 and not resume:  # a dead incarnation's state: this one starts afresh
+            for old in (ckpt_dir, ckpt_dir.parent / "feedback"):
+                if old.exists():
+                    shutil.rmtree(old)
         self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
@@ -364,8 +371,7 @@ class LearnerNode:
             self.save(c)
             return []
         if isinstance(c, m.Restore):
-            self.restore(c)
-            return []
+            return self.restore(c)
         if isinstance(c, m.Settle):
             assert self.feedback is not None, "Settle without error feedback"
             self.feedback.settle(c.round_id, c.outcome)
@@ -668,12 +674,32 @@ class LearnerNode:
             "tokens": self.trained["tokens"],
         }
         state = self.compute.call("opt_state")  # on the host (gathered, if spread)
+        if self.feedback is not None:  # the residual first: a checkpoint has its residual
+            self.feedback.save(self._feedback_path(c.step))
         self.ckpt.save(c.step, state, meta)
+        if self.feedback is not None:
+            kept = set(self.ckpt.steps()) | {c.step}
+            for f in self._feedback_path(0).parent.glob("*.npz"):
+                if f.stem.isdigit() and int(f.stem) not in kept:
+                    f.unlink(missing_ok=True)
         log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
 
-    def restore(self, c: m.Restore) -> None:
+    def _feedback_path(self, step: int) -> Path:
+        return Path(self.spec.run_dir) / f"learner{self.j}" / "feedback" / f"{step}.npz"
+
+    def restore(self, c: m.Restore) -> list[m.Command]:
         """Restores the checkpoint the protocol chose (``None``: none: start afresh on the
-        chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``."""
+        chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``.
+        With error feedback, a new process takes the checkpoint's residual and pushes in
+        flight (a rejoin within the process keeps its own, newer), and returns the
+        protocol's ``Settle`` s of those pushes."""
+        settles: list[m.Command] = []
+        fb = self.feedback
+        if fb is not None and fb.state is None and c.step is not None:
+            path = self._feedback_path(c.step)
+            if path.exists():
+                settles = self.proto.on_restored(fb.load(path), c)
+                log.info("error feedback: residual of checkpoint %d restored", c.step)
         record: dict[str, Any] = {
             "step": c.step,
             "version": c.version,
@@ -708,6 +734,7 @@ class LearnerNode:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resumed.json").write_text(json.dumps(record))
         log.info("resumed %s", record)
+        return settles
 
     # -- the loop ----------------------------------------------------------------------
 

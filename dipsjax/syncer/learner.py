@@ -68,8 +68,9 @@ keeps its :class:`~dipsjax.outer.Pending`; this core says when and how to settle
   in it, once again in the next push): a bounded error, one push's residual;
 * a new ``PushShards`` while an older push is unsettled (no word came): that one ``lost``.
 
-A process that ends takes its residual with it: a restarted learner (``--resume``, or a
-new incarnation) starts from a zero residual (see :mod:`dipsjax.runtime.learner`).
+A process restarted with ``--resume`` takes back the residual and the pushes in flight of
+the checkpoint it restores and settles those by :meth:`on_restored` (the same words); a new
+incarnation starts from a zero residual (see :mod:`dipsjax.runtime.learner`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,15 @@ from dipsjax.syncer.messages import (
 # Outcomes a push is settled by (``dipsjax.outer.Outcome``'s words, spelled here: the
 # protocol core imports no JAX).
 SETTLED = frozenset({"applied", "rejected", "stale", "discarded", "lost", "nonfinite"})
+
+
+def settle_word(round_id: int, last_round: int, last_outcome: str) -> str:
+    """The outcome a rejoined learner settles its push of ``round_id`` by, from its
+    ``SendModel``'s ``last_round`` / ``last_outcome`` (``dropped`` is ``discarded``; a push
+    the leader says nothing about is ``lost``)."""
+    said = {"dropped": "discarded"}.get(last_outcome, last_outcome)
+    return said if round_id == last_round and said in SETTLED else "lost"
+
 
 # Refusals only a push gets (a join is refused as stopped, unknown, incarnation, fingerprint).
 PUSH_REFUSALS = frozenset(
@@ -273,9 +283,16 @@ class LearnerProtocol:
                 self.rounds if step is not None and step == start_step(self.rounds) else -1
             )
             out.append(Restore(step, tuple(a.leases), a.version, a.last_round, a.last_outcome))
-            said = {"dropped": "discarded"}.get(a.last_outcome, a.last_outcome)
-            out += self._settle(lambda r: said if r == a.last_round and said in SETTLED else "lost")
+            out += self._settle(lambda r: settle_word(r, a.last_round, a.last_outcome))
         return [*out, Pull(a.version, first=not self.resume)]
+
+    def on_restored(self, rounds: Iterable[int], restore: Restore) -> list[Command]:
+        """Error feedback: a restarted process restored, with the checkpoint ``restore``
+        chose, pushes of ``rounds`` that were in flight when it was written; they are
+        settled by the leader's word, as a rejoin's are."""
+        if not self.feedback:
+            return []
+        return [Settle(r, settle_word(r, restore.last_round, restore.last_outcome)) for r in rounds]
 
     def _settle(
         self, outcome_of: Callable[[int], str], rounds: Iterable[int] = ()

@@ -259,7 +259,7 @@ def test_bad_settings_named():
         outer.feedback_settle(state, p, "accepted")
 
 
-def test_the_protocol_settles_each_push_by_the_outcome_the_leader_says():
+def test_the_protocol_settles_each_push_by_the_outcome_the_leader_says(tmp_path):
     """Runtime error feedback, sans-IO: the leader's core says each push's outcome in its
     ``NotifyPull`` (applied, stale, rejected by the anomaly penalty, non-finite), the
     learner's core turns it into ``Settle`` and :class:`PushFeedback` settles the residual
@@ -335,3 +335,12 @@ def test_the_protocol_settles_each_push_by_the_outcome_the_leader_says():
     assert books[0].settled == {"applied": rounds}
     assert books[3].settled == {"applied": rounds - 1, "rejected": 1}
     assert all(0 < b.residual_norm() < np.inf for b in books)
+    # A checkpoint's residual and push in flight, taken back by a restarted process.
+    books[0].encode(99, {"w": np.ones((16, 32), np.float32), "b": np.ones(32)})
+    books[0].save(tmp_path / "fb.npz")
+    again = PushFeedback("stat2")
+    assert again.load(tmp_path / "fb.npz") == [99]
+    for book in (books[0], again):
+        book.settle(99, "applied")
+    for x, y in zip(*(jax.tree.leaves(b.state.residual) for b in (books[0], again)), strict=True):
+        assert _bits(x).tobytes() == _bits(y).tobytes()

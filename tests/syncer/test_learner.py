@@ -356,7 +356,11 @@ def test_error_feedback_settles_each_push_by_the_word_it_gets():
         m.Pull(4),
     ]
     assert p.unsettled == []
+    # A restarted process restored pushes in flight from its checkpoint: the same words.
+    restore = m.Restore(1, (), 4, 5, "applied")
+    assert p.on_restored([4, 5], restore) == [m.Settle(4, "lost"), m.Settle(5, "applied")]
     plain = LearnerProtocol(J)  # without feedback: no Settle ever
+    assert plain.on_restored([5], restore) == []
     joined(plain)
     plain.on_trained(meta(), 2.0)
     assert plain.on_action(plan(0), 2.0) == [m.Push(plan(0))]

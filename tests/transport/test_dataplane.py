@@ -43,7 +43,8 @@ def follower():
     f.server.close()
 
 
-@pytest.mark.parametrize("codec", dp.CODECS)
+# stat2 (EXTENSION) is pushed pre-encoded by learners: the pre-encoded test below covers it.
+@pytest.mark.parametrize("codec", [c for c in dp.CODECS if c != "stat2"])
 def test_push_and_pull_carry_exactly_what_the_codec_gives(follower, codec):
     client = dp.DataPlaneClient(follower.server.address)
     client.push(3, 1, 2, 4, PARAMS.items(), codec=codec)

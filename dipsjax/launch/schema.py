@@ -434,9 +434,6 @@ def validate_sim(
     if command == "run" and full["wire"] in sim_lib.SIM_ONLY_WIRES:
         allowed = f"not {full['wire']} for `dipsjax run` (simulator only so far)"
         raise ConfigError(f"{where}.wire", allowed, full["wire"])
-    if command == "run" and full["error_feedback"]:
-        allowed = "False for `dipsjax run` (simulator only so far)"
-        raise ConfigError(f"{where}.error_feedback", allowed, True)
     for name, allowed, ok, run_only in CROSS:
         try:
             holds = (run_only and plan_only) or ok(full)

@@ -5,15 +5,22 @@ process (``runtime/learner.py``, ``runtime/partition.py``) and the decentralized
 * :func:`delta_to_send`: the pseudo-gradient a push carries (start or server reference);
 * :func:`add_global_change`: adopting a new version while keeping one's own progress;
 * :func:`push_meta`: what a push reports (tokens, steps, base version, data spans);
-* :func:`wire`: the pseudo-gradient as the followers receive it through a wire codec.
+* :func:`wire`: the pseudo-gradient as the followers receive it through a wire codec;
+* :class:`PushFeedback`: a learner process's error feedback (EXTENSION), its pushes
+  encoded with :func:`dipsjax.outer.feedback_encode` and settled by the protocol core's
+  ``Settle`` commands with :func:`dipsjax.outer.feedback_settle`.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dipsjax import outer
 from dipsjax.learner.round import Learner
@@ -64,3 +71,126 @@ def wire(codec: str, payload: dict) -> dict:
     if codec == "fp32":
         return payload
     return outer.decode_tree(outer.encode_tree(payload, codec))
+
+
+_feedback_encode = jax.jit(
+    outer.feedback_encode, static_argnames=("codec", "block_size", "embeddings", "topk")
+)
+_feedback_settle = jax.jit(outer.feedback_settle, static_argnames=("outcome",))
+
+
+class PushFeedback:
+    """A learner process's error feedback (EXTENSION; :mod:`dipsjax.outer._feedback`).
+
+    :meth:`encode` hands a push's pseudo-gradient plus ``decay`` times the residual to
+    :func:`dipsjax.outer.feedback_encode` and keeps its :class:`~dipsjax.outer.Pending` by
+    round; :meth:`settle` carries out the protocol core's ``Settle(round_id, outcome)``
+    (:class:`~dipsjax.syncer.learner.LearnerProtocol` with ``feedback=True``) with
+    :func:`dipsjax.outer.feedback_settle`. What it sends is ``encode``'s tree of
+    :class:`~dipsjax.outer.Encoded` (norms and embeddings BF16 under ``stat2``), decoded by
+    the followers with :func:`dipsjax.outer.decode`: equal to ``Pending.decoded`` bit for bit.
+    """
+
+    def __init__(self, codec: str, decay: float = 1.0) -> None:
+        self.codec, self.decay = codec, decay
+        self.state: outer.FeedbackState | None = None
+        self.pending: dict[int, outer.Pending] = {}
+        self.sent: dict[int, Any] = {}  # round -> its encoded tree (a retried push's too)
+        self.settled: collections.Counter[str] = collections.Counter()  # pushes, by outcome
+
+    def encode(self, round_id: int, delta: Any) -> Any:
+        """The encoded tree the push of ``round_id`` sends (encoded once per round)."""
+        if round_id not in self.sent:
+            if self.state is None:
+                self.state = outer.feedback_init(delta)
+            self.state, encoded, pending = _feedback_encode(
+                self.state, delta, codec=self.codec, decay=self.decay
+            )
+            self.pending[round_id], self.sent[round_id] = pending, encoded
+        return self.sent[round_id]
+
+    def warm_up(self, delta: Any) -> None:
+        """Compiles encoding and every settlement on ``delta`` (zeros shaped like a push),
+        leaving the state as it was."""
+        state, _, pending = _feedback_encode(
+            outer.feedback_init(delta), delta, codec=self.codec, decay=self.decay
+        )
+        for outcome in outer.Outcome:
+            jax.block_until_ready(_feedback_settle(state, pending, outcome))
+
+    def settle(self, round_id: int, outcome: str) -> None:
+        """Settles the push of ``round_id`` (one never encoded: nothing to settle)."""
+        self.sent.pop(round_id, None)
+        pending = self.pending.pop(round_id, None)
+        if pending is None or self.state is None:
+            return
+        self.state = _feedback_settle(self.state, pending, outer.Outcome(outcome))
+        self.settled[str(outcome)] += 1
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the residual and the pushes not settled yet to ``path`` (``.npz``, via a
+        temporary file renamed into place: a file there is whole)."""
+        arrays: dict[str, np.ndarray] = {}
+        if self.state is not None:
+            arrays.update(_named("residual", self.state.residual))
+        for r, pending in self.pending.items():
+            for field in ("target", "decoded", "held"):
+                arrays.update(_named(f"pending/{r}/{field}", getattr(pending, field)))
+            arrays[f"pending/{r}/finite"] = np.asarray(pending.finite)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+
+    def load(self, path: str | os.PathLike) -> list[int]:
+        """Takes the residual and the unsettled pushes :meth:`save` wrote (a restarted
+        process); returns those pushes' rounds, for the protocol to settle."""
+        with np.load(path) as data:
+            flat = {k: data[k] for k in data.files}
+        self.state = (
+            outer.FeedbackState(_tree(flat, "residual"))
+            if any(k.startswith("residual/") for k in flat)
+            else None
+        )
+        rounds = sorted({int(k.split("/")[1]) for k in flat if k.startswith("pending/")})
+        self.pending = {
+            r: outer.Pending(
+                _tree(flat, f"pending/{r}/target"),
+                _tree(flat, f"pending/{r}/decoded"),
+                _tree(flat, f"pending/{r}/held"),
+                jnp.asarray(flat[f"pending/{r}/finite"]),
+            )
+            for r in rounds
+        }
+        self.sent = {}
+        return rounds
+
+    def residual_norm(self) -> float:
+        """The residual's L2 norm (0 before the first push)."""
+        if self.state is None:
+            return 0.0
+        leaves = jax.tree.leaves(self.state.residual)
+        return float(jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in leaves)))
+
+
+def _named(prefix: str, tree: Any) -> dict[str, np.ndarray]:
+    """``{prefix/a/b: array}`` of a nested dict of arrays (``/`` joins its keys)."""
+    flat = outer.flatten(jax.device_get(tree))
+    bad = [path for path in flat if any("/" in str(k) for k in path)]
+    if bad:
+        raise ValueError(f"error feedback cannot save a tree whose keys hold '/': {bad[0]}")
+    return {"/".join((prefix, *path)): np.asarray(x) for path, x in flat.items()}
+
+
+def _tree(flat: dict[str, np.ndarray], prefix: str) -> dict:
+    """The nested dict :func:`_named` wrote under ``prefix``."""
+    head = prefix + "/"
+    return outer.unflatten(
+        {
+            tuple(k[len(head) :].split("/")): jnp.asarray(v)
+            for k, v in flat.items()
+            if k.startswith(head)
+        }
+    )

@@ -57,6 +57,11 @@ Everything is a pure function of pytrees; ``codec``, ``block_size``, ``embedding
 ``topk`` and ``outcome`` are static under ``jax.jit``. The reconstruction
 ``pending.decoded`` is :func:`dipsjax.outer.decode_tree` of what is sent: the followers'
 own decode, equal bit for bit.
+
+Drivers: the simulator (:mod:`dipsjax.sim.engine`) and the learner process
+(:class:`dipsjax.learner.contribution.PushFeedback`, which settles by the ``Settle``
+commands of :class:`dipsjax.syncer.learner.LearnerProtocol`: the outcome the leader's
+``NotifyPull`` says for each push, ``lost`` when it says none).
 """
 
 from __future__ import annotations

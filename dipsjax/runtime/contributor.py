@@ -214,11 +214,13 @@ class ContributorNode(LearnerNode):
     def save(self, c: m.Save) -> None:
         pass  # the inner state is the user's: the protocol's list of saves is all there is
 
-    def restore(self, c: m.Restore) -> None:
+    def restore(self, c: m.Restore) -> list[m.Command]:
         # Rejoined (a restarted leader): the user's loop goes on from the version it is
         # sent now; a round the restart lost is not trained again (no chunks to retrain).
+        # Its error feedback's residual, if any, is the process's own (in memory).
         self.base_flat = None
         log.info("rejoined (last round %s: %s)", c.last_round, c.last_outcome)
+        return []
 
     def take(self, version: int, params: dict, first: bool = False) -> None:
         new = {p: np.asarray(x, np.float32) for p, x in outer.flatten(params).items()}

@@ -62,10 +62,23 @@ from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
 from dipsjax.task import load_task, outer_optimizer_of
-from dipsjax.transport.dataplane import DataPlaneServer
+from dipsjax.transport.dataplane import DataPlaneServer, Header, decode_tensor, encode_tensor
 from dipsjax.transport.refusals import RefusalLog
 
 REFUSAL_LOG_INTERVAL = 10.0  # seconds: one log line, metrics write, TB point per kind
+
+
+def warm_up_decode(shard: Any, wire: str) -> None:
+    """Compiles the data plane's decode of every tensor of ``shard`` under ``wire`` as a
+    learner sends it (:func:`dipsjax.outer.leaf_codecs`), on zeros, before joining."""
+    flat = outer.flatten(shard)
+    codecs = outer.flatten(outer.leaf_codecs(shard, wire))
+    for p, x in flat.items():
+        codec = codecs[p]
+        block = outer.DEFAULT_BLOCK.get(codec, 0)
+        payload, scales, shape = encode_tensor(np.zeros(np.shape(x), np.float32), codec, block)
+        decode_tensor(Header(0, codec, shape=shape, block_size=block), payload, scales)
+
 
 log = logging.getLogger("dipsjax.runtime.follower")  # not __name__: "__main__" when run
 
@@ -125,9 +138,12 @@ class FollowerNode:
         )
         self.applied_tokens = self._applied_tokens(version)  # TensorBoard's x-axis
         if init == "model":  # compile before joining (too costly in memory for huge models)
-            wire = jnp.bfloat16 if spec.sim.wire == "bf16" else jnp.float32
+            # What arrives: BF16 (stat2's levels are BF16 values, decoded as such too).
+            wire = jnp.bfloat16 if spec.sim.wire in ("bf16", "stat2") else jnp.float32
             t0 = time.perf_counter()
             warm_up(shard, tx, spec.sim.learners, method.reference, wire)
+            if spec.sim.wire == "stat2":  # the decode of each tensor's shape (stat2's is compiled)
+                warm_up_decode(shard, spec.sim.wire)
             log.info("compiled its outer step in %.1f s", time.perf_counter() - t0)
         if step is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state

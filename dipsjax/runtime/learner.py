@@ -31,6 +31,27 @@ checkpointed: it resumes from the current global version (with ``overlap`` or
 ``adopt='delta'`` its own unmerged progress since its last push is not kept). SIGTERM
 exits cleanly at the next safe point, after the checkpoint writes in flight.
 
+Wire and error feedback (EXTENSION, off by default): ``wire="stat2"`` encodes each push
+with :func:`dipsjax.outer.encode_tree` (norms and embeddings BF16, the other matrices in
+the statistical 2-bit codec) and the data plane sends those encodings as they are, each
+tensor in its own codec. ``error_feedback`` keeps the residual of what the codec withheld
+(:class:`~dipsjax.learner.contribution.PushFeedback`, :mod:`dipsjax.outer._feedback`):
+each push sends ``C(delta + feedback_decay * e)``, and the protocol settles it by the
+outcome the leader's ``NotifyPull`` says (or a rejoin's ``SendModel``; see
+:mod:`dipsjax.syncer.learner`). The residual lives in the process's memory: a rejoin in
+the same process (the leader was lost) keeps it. With checkpoints, each checkpoint writes
+the residual and the pushes not settled yet beside it (``RUN_DIR/learner{j}/feedback/
+STEP.npz``, before the checkpoint itself), and a process restarted with ``--resume`` takes
+those of the checkpoint it restores and settles the pushes by the leader's word, as a
+rejoin does. The leader's word is about the learner's last push only: a restored push
+that is not the last one (with ``overlap``, a ``start`` checkpoint written while push
+``r`` was in flight, then push ``r + 1`` sent before the process died) settles as
+``lost`` even if it was applied, and the residual it carried is sent once more. A new
+incarnation starts afresh, from a zero
+residual: it loses the residual ``e`` (the part of its applied pushes' targets the codec
+withheld: about one push's compression error with decay 1) and the residual held by its
+pushes in flight; conservation (:mod:`dipsjax.outer._feedback`) holds again from there on.
+
 Faults: a learner started with a higher ``--incarnation`` (the launcher's restart after a
 crash) begins afresh: the leader ends the old incarnation and this one pulls a whole
 version first. When the control plane fails (the watch stream breaks, or a call does: the
@@ -64,12 +85,13 @@ from typing import Any
 
 import grpc
 import jax
+import numpy as np
 from tensorboardX import SummaryWriter
 
 from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner, make_partition_mesh
-from dipsjax.learner.contribution import push_meta
+from dipsjax.learner.contribution import PushFeedback, push_meta
 from dipsjax.runtime import logs, permissions, progress
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
@@ -82,6 +104,7 @@ from dipsjax.task import load_task
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
 log = logging.getLogger("dipsjax.runtime.learner")  # not __name__: "__main__" when run
+_encode_tree = jax.jit(outer.encode_tree, static_argnames=("codec", "block_size", "embeddings"))
 
 EVICTED = m.ExitCode.EVICTED  # exit code (EX_TEMPFAIL): start me again as a new incarnation
 UNREACHABLE = m.ExitCode.UNREACHABLE  # exit code (EX_UNAVAILABLE): my link is down
@@ -181,14 +204,17 @@ class LearnerNode:
         self.learner, self.reference = self.compute.learner, self.compute.reference
         flat = outer.flatten(params)
         self.paths = list(flat)
+        self.shapes = {p: tuple(x.shape) for p, x in flat.items()}
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
         self.task_name = load_task(cfg).name
         self.source, self.stream = self.make_data()
         # Resumed: the pieces (chunk, start, end) still leased to it, trained first.
         self.regrant: list[tuple[int, int, int]] = []
         ckpt_dir = Path(spec.run_dir) / f"learner{j}" / "ckpt"
-        if incarnation > 0 and not resume and ckpt_dir.exists():
-            shutil.rmtree(ckpt_dir)  # a dead incarnation's state: this one starts afresh
+        if incarnation > 0 and not resume:  # a dead incarnation's state: this one starts afresh
+            for old in (ckpt_dir, ckpt_dir.parent / "feedback"):
+                if old.exists():
+                    shutil.rmtree(old)
         self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
@@ -198,7 +224,11 @@ class LearnerNode:
             overlap=bool(cfg.overlap),
             checkpoints=spec.checkpoints,
             saved=self._saved() if resume else (),
+            feedback=bool(cfg.error_feedback),
         )
+        # Error feedback (EXTENSION): the residual and the pushes not settled yet. In memory
+        # only: a process that ends takes it along (see the module docstring).
+        self.feedback = PushFeedback(cfg.wire, cfg.feedback_decay) if cfg.error_feedback else None
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
         self.control = ControlClient(spec, learner=j, incarnation=incarnation)
@@ -341,7 +371,11 @@ class LearnerNode:
             self.save(c)
             return []
         if isinstance(c, m.Restore):
-            self.restore(c)
+            return self.restore(c)
+        if isinstance(c, m.Settle):
+            assert self.feedback is not None, "Settle without error feedback"
+            self.feedback.settle(c.round_id, c.outcome)
+            log.debug("push of round %d settled: %s", c.round_id, c.outcome)
             return []
         if isinstance(c, m.Exit):
             self.exit_code = int(c.code)
@@ -527,8 +561,22 @@ class LearnerNode:
         flat = {self.paths[i]: x for _, tensors in results for i, x in tensors.items()}
         return version, outer.unflatten(flat)
 
+    def encoded(self, round_id: int, delta: dict) -> dict:
+        """The push's tensors by path: arrays the data plane encodes in the ``wire`` codec,
+        or, under ``stat2`` or error feedback, the learner's own encoding
+        (:class:`~dipsjax.outer.Encoded` leaves, norms and embeddings BF16 under ``stat2``:
+        :func:`dipsjax.outer.encode_tree`, the simulator's), sent as they are."""
+        cfg = self.spec.sim
+        if self.feedback is not None:
+            tree = self.feedback.encode(round_id, delta)
+        elif cfg.wire == "stat2":
+            tree = _encode_tree(delta, cfg.wire)
+        else:
+            return outer.flatten(jax.device_get(delta))
+        return outer.flatten(jax.device_get(tree))
+
     def push(self, plan: m.PushShards, delta: dict) -> None:
-        flat = outer.flatten(jax.device_get(delta))
+        flat = self.encoded(plan.round_id, delta)
         by_follower: dict[int, list] = {}
         for tr in plan.transfers:  # in the plan's order
             by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
@@ -626,12 +674,32 @@ class LearnerNode:
             "tokens": self.trained["tokens"],
         }
         state = self.compute.call("opt_state")  # on the host (gathered, if spread)
+        if self.feedback is not None:  # the residual first: a checkpoint has its residual
+            self.feedback.save(self._feedback_path(c.step))
         self.ckpt.save(c.step, state, meta)
+        if self.feedback is not None:
+            kept = set(self.ckpt.steps()) | {c.step}
+            for f in self._feedback_path(0).parent.glob("*.npz"):
+                if f.stem.isdigit() and int(f.stem) not in kept:
+                    f.unlink(missing_ok=True)
         log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
 
-    def restore(self, c: m.Restore) -> None:
+    def _feedback_path(self, step: int) -> Path:
+        return Path(self.spec.run_dir) / f"learner{self.j}" / "feedback" / f"{step}.npz"
+
+    def restore(self, c: m.Restore) -> list[m.Command]:
         """Restores the checkpoint the protocol chose (``None``: none: start afresh on the
-        chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``."""
+        chunks still leased to it); what it restored goes to ``learner{j}/resumed.json``.
+        With error feedback, a new process takes the checkpoint's residual and pushes in
+        flight (a rejoin within the process keeps its own, newer), and returns the
+        protocol's ``Settle`` s of those pushes."""
+        settles: list[m.Command] = []
+        fb = self.feedback
+        if fb is not None and fb.state is None and c.step is not None:
+            path = self._feedback_path(c.step)
+            if path.exists():
+                settles = self.proto.on_restored(fb.load(path), c)
+                log.info("error feedback: residual of checkpoint %d restored", c.step)
         record: dict[str, Any] = {
             "step": c.step,
             "version": c.version,
@@ -666,6 +734,7 @@ class LearnerNode:
         out.mkdir(parents=True, exist_ok=True)
         (out / "resumed.json").write_text(json.dumps(record))
         log.info("resumed %s", record)
+        return settles
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -686,6 +755,12 @@ class LearnerNode:
         t0 = time.perf_counter()
         # The round's shapes: a shorter round would compile another program.
         self.compute.call("warm_up", sample, cfg.inner_steps)
+        # The push's own encoding (stat2, error feedback), on a pseudo-gradient of zeros.
+        zeros = outer.unflatten({p: np.zeros(s, np.float32) for p, s in self.shapes.items()})
+        if self.feedback is not None:
+            self.feedback.warm_up(zeros)
+        elif cfg.wire == "stat2":
+            jax.block_until_ready(_encode_tree(zeros, cfg.wire))
         log.info("compiled in %.1f s", time.perf_counter() - t0)
 
     def phase(self, name: str) -> None:
@@ -763,6 +838,17 @@ class LearnerNode:
             "compute_seconds": tr.get("compute", 0.0),  # wall time of its rounds' steps
             "cpu_seconds": use.ru_utime + use.ru_stime,  # the process's, all threads
             "unused": dict(self.unused),  # pushes the leader said were bad input, by kind
+            **(
+                {}
+                if self.feedback is None
+                else {  # error feedback (EXTENSION): the residual, pushes settled by outcome
+                    "feedback": {
+                        "residual_norm": self.feedback.residual_norm(),
+                        "settled": dict(self.feedback.settled),
+                        "unsettled": sorted(self.feedback.pending),
+                    }
+                }
+            ),
             "partition_calls": self.compute.calls,  # computations, shared if spread
             "processes": self.compute.partition.num_processes,
         }

@@ -13,7 +13,7 @@ CLIPS = methods_lib.CLIPS
 METHODS = ("dp", "sync_diloco", "naive_async", "dips", "decoupled", "async_diloco")
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5, "stat2": 0.28125}
 #: Codecs only the simulator carries so far (the runtime's data plane does not).
-SIM_ONLY_WIRES = ("stat2",)
+SIM_ONLY_WIRES: tuple[str, ...] = ()  # wire codecs `dipsjax run` refuses (none now)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,10 +84,13 @@ class SimConfig:
     a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
     comes back as a new incarnation. Off: the push is staged and the leader rejects it in
     the round by its non-finite squared norm, as the papers' rule does);
-    ``error_feedback`` (simulator only so far: each learner keeps the residual of what the
-    lossy ``wire`` codec withheld, adds ``feedback_decay`` times it to its next push and
-    settles it by each push's outcome, :mod:`dipsjax.outer._feedback`); ``wire="stat2"``
-    (the statistical 2-bit codec, :mod:`dipsjax.outer._codecs`; simulator only so far).
+    ``error_feedback`` (each learner keeps the residual of what the lossy ``wire`` codec
+    withheld, adds ``feedback_decay`` times it to its next push and settles it by each
+    push's outcome, :mod:`dipsjax.outer._feedback`; in the simulator and, settled by the
+    outcomes the leader's ``NotifyPull`` says, in ``dipsjax run``, where a restarted learner
+    process starts from a zero residual: :mod:`dipsjax.runtime.learner`); ``wire="stat2"``
+    (the statistical 2-bit codec, :mod:`dipsjax.outer._codecs`; norms and embeddings go as
+    BF16).
     """
 
     method: str = "dips"

@@ -18,8 +18,10 @@ One round (DESIGN.md sec. 3):
 3. Every follower's ``FollowerNorms`` -> their sum ``G`` -> anomaly penalty, weights -> ONE
    ``Decide`` (or, if nothing was accepted, ``Discard`` and a pull of the unchanged version).
 4. Every follower's ``FollowerMerged`` -> ONE clip factor -> ``Apply(version + 1)``.
-5. Every follower's ``FollowerApplied`` -> ``NotifyPull`` to the round's learners; all
-   ``PullDone`` -> the round ends, the next one opens with the pushes that waited.
+5. Every follower's ``FollowerApplied`` -> ``NotifyPull`` to the round's learners, saying
+   what became of each one's push (``applied``, ``rejected``, ``nonfinite``, ``stale``,
+   ``discarded``: a learner's error feedback settles by it); all ``PullDone`` -> the round
+   ends, the next one opens with the pushes that waited.
 
 Membership: ``Join`` -> ``SendModel`` (a new learner pulls one complete model of one version
 before it trains). A ``Join`` with a higher incarnation ends the old incarnation first (its
@@ -79,6 +81,7 @@ from dipsjax.syncer.messages import (
     NotifyPull,
     PullDone,
     PushMeta,
+    PushOutcome,
     PushRequested,
     PushShards,
     Refuse,
@@ -439,6 +442,27 @@ class Leader:
             and self.members[p.learner].incarnation == p.meta.incarnation
             and p.learner not in rnd.rejoined
         ]
+
+    def _notify(self, rnd: Round) -> NotifyPull:
+        """The round's pull notice to its pullers (``rnd.pulling``), with what became of
+        each one's push (:class:`~dipsjax.syncer.messages.PushOutcome`)."""
+        decision = rnd.decision
+        norms = dict(zip(decision.learners, decision.sq_norms, strict=True)) if decision else {}
+
+        def outcome(j: int) -> str:
+            if any(p.learner == j for p in rnd.dropped):
+                return PushOutcome.STALE
+            said = [p.outcome for p in rnd.pushes if p.learner == j]
+            if said == ["applied"]:
+                return PushOutcome.APPLIED
+            if said == ["rejected"]:
+                finite = np.isfinite(norms.get(j, 0.0))
+                return PushOutcome.REJECTED if finite else PushOutcome.NONFINITE
+            return PushOutcome.DISCARDED
+
+        pulling = tuple(rnd.pulling)
+        outcomes = tuple(str(outcome(j)) for j in pulling)
+        return NotifyPull(rnd.round_id, pulling, self.version, outcomes)
 
     def _stop(self, reason: str) -> list[Action]:
         """The job stops (for good: a stopped leader only refuses pushes), saying why."""
@@ -1056,7 +1080,7 @@ class Leader:
         rnd.phase = Phase.PULL
         return [
             Discard(rnd.round_id, reason),
-            NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version),
+            self._notify(rnd),
         ]
 
     def _on_FollowerMerged(self, ev: FollowerMerged) -> list[Action]:
@@ -1116,7 +1140,7 @@ class Leader:
             for j in rnd.awaiting
             if j in self.members and not self.members[j].active
         ]
-        return [NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version), *models]
+        return [self._notify(rnd), *models]
 
     # -- the round's progress ------------------------------------------------------
 
@@ -1184,7 +1208,7 @@ class Leader:
             return [
                 *told,
                 Discard(rnd.round_id, "every push too stale"),
-                NotifyPull(rnd.round_id, tuple(rnd.pulling), self.version),
+                self._notify(rnd),
             ]
         rnd.phase = Phase.NORMS
         bases = tuple(p.meta.base_version for p in kept)

@@ -50,6 +50,27 @@ Faults:
   ``refuse_nonfinite``: its inner state diverged) -> ``Send(Leave)``, so the leader drops
   the push and the round goes on without it, and ``Exit(EVICTED)``: the launcher starts
   a new incarnation, which pulls the global model and trains from a fresh inner state.
+
+Error feedback (EXTENSION, ``feedback=True``; :mod:`dipsjax.outer._feedback`): the driver
+encodes a push's residual-corrected pseudo-gradient when it carries out its ``Push`` and
+keeps its :class:`~dipsjax.outer.Pending`; this core says when and how to settle it, with a
+``Settle(round_id, outcome)`` command (the driver calls
+:func:`~dipsjax.outer.feedback_settle`):
+
+* ``NotifyPull`` of the round: the outcome the leader says for this learner's push
+  (``applied``, ``rejected``, ``nonfinite``, ``stale``, ``discarded``; ``lost`` if it says
+  none), before the pull;
+* ``SendModel`` of a rejoin (same incarnation): the push of ``last_round`` by
+  ``last_outcome`` (``applied``, ``rejected``; ``dropped`` -> ``discarded``; ``lost``);
+  any other push in flight -> ``lost``. A push still with the followers when the learner
+  rejoins (the leader's norms or merge phase) is not settled yet there: it is settled
+  ``lost``, and if the round then applies it, the residual it carried is sent twice (once
+  in it, once again in the next push): a bounded error, one push's residual;
+* a new ``PushShards`` while an older push is unsettled (no word came): that one ``lost``.
+
+A process restarted with ``--resume`` takes back the residual and the pushes in flight of
+the checkpoint it restores and settles those by :meth:`on_restored` (the same words); a new
+incarnation starts from a zero residual (see :mod:`dipsjax.runtime.learner`).
 """
 
 from __future__ import annotations
@@ -57,7 +78,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from dipsjax.syncer.messages import (
     Action,
@@ -81,11 +102,25 @@ from dipsjax.syncer.messages import (
     Save,
     Send,
     SendModel,
+    Settle,
     Stop,
     Train,
     TransferDone,
     Unused,
 )
+
+# Outcomes a push is settled by (``dipsjax.outer.Outcome``'s words, spelled here: the
+# protocol core imports no JAX).
+SETTLED = frozenset({"applied", "rejected", "stale", "discarded", "lost", "nonfinite"})
+
+
+def settle_word(round_id: int, last_round: int, last_outcome: str) -> str:
+    """The outcome a rejoined learner settles its push of ``round_id`` by, from its
+    ``SendModel``'s ``last_round`` / ``last_outcome`` (``dropped`` is ``discarded``; a push
+    the leader says nothing about is ``lost``)."""
+    said = {"dropped": "discarded"}.get(last_outcome, last_outcome)
+    return said if round_id == last_round and said in SETTLED else "lost"
+
 
 # Refusals only a push gets (a join is refused as stopped, unknown, incarnation, fingerprint).
 PUSH_REFUSALS = frozenset(
@@ -136,6 +171,8 @@ class LearnerProtocol:
         lost leader ends the process (a new incarnation starts afresh).
       saved: the checkpoints the driver holds already (a process started with
         ``--resume``), any order.
+      feedback: error feedback (EXTENSION): ``Settle`` each push by its outcome (see the
+        module docstring).
     """
 
     def __init__(
@@ -147,8 +184,11 @@ class LearnerProtocol:
         overlap: bool = False,
         checkpoints: bool = False,
         saved: Iterable[Checkpoint] = (),
+        feedback: bool = False,
     ) -> None:
         self.learner = learner
+        self.feedback = feedback
+        self.unsettled: list[int] = []  # error feedback: rounds pushed, outcome not known
         self.incarnation = incarnation
         self.fingerprint = fingerprint
         self.overlap = overlap
@@ -243,32 +283,56 @@ class LearnerProtocol:
                 self.rounds if step is not None and step == start_step(self.rounds) else -1
             )
             out.append(Restore(step, tuple(a.leases), a.version, a.last_round, a.last_outcome))
+            out += self._settle(lambda r: settle_word(r, a.last_round, a.last_outcome))
         return [*out, Pull(a.version, first=not self.resume)]
+
+    def on_restored(self, rounds: Iterable[int], restore: Restore) -> list[Command]:
+        """Error feedback: a restarted process restored, with the checkpoint ``restore``
+        chose, pushes of ``rounds`` that were in flight when it was written; they are
+        settled by the leader's word, as a rejoin's are."""
+        if not self.feedback:
+            return []
+        return [Settle(r, settle_word(r, restore.last_round, restore.last_outcome)) for r in rounds]
+
+    def _settle(
+        self, outcome_of: Callable[[int], str], rounds: Iterable[int] = ()
+    ) -> list[Command]:
+        """Error feedback: ``Settle`` the unsettled pushes of ``rounds`` (none given: all)."""
+        if not self.feedback:
+            return []
+        todo = [r for r in self.unsettled if not rounds or r in rounds]
+        self.unsettled = [r for r in self.unsettled if r not in todo]
+        return [Settle(r, outcome_of(r)) for r in todo]
 
     def _on_PushShards(self, a: PushShards, now: float) -> list[Command]:
         if self.state is not State.REQUESTING:
             return []  # a plan for a push that is no longer in progress
         self.round_id, self.plan = a.round_id, a
+        out = self._settle(lambda r: "lost")  # older pushes no word came for
+        if self.feedback:
+            self.unsettled.append(a.round_id)
         if not self.overlap:
             self.state = State.PUSHING
-            return [Push(a)]
+            return [*out, Push(a)]
         self.inflight = a.round_id  # the push goes on beside the next round
         self.rounds += 1
-        return [Push(a), *self._train()]
+        return [*out, Push(a), *self._train()]
 
     def _on_NotifyPull(self, a: NotifyPull, now: float) -> list[Command]:
+        said = a.outcome_of(self.learner)
+        settled = self._settle(lambda r: said if said in SETTLED else "lost", rounds=(a.round_id,))
         if self.overlap:
             if a.round_id != self.inflight:
-                return []
-            return [Pull(a.version, background=True)]
+                return settled
+            return [*settled, Pull(a.version, background=True)]
         if a.round_id != self.round_id:
-            return []  # a round this learner's push is not in
+            return settled  # a round this learner's push is not in
         if self.state is State.WAITING:
             self.state = State.PULLING
-            return [Pull(a.version)]
+            return [*settled, Pull(a.version)]
         if self.state is State.PUSHING:  # the round ended before its push did
             self.notified[a.round_id] = a.version
-        return []
+        return settled
 
     def _on_Refuse(self, a: Refuse, now: float) -> list[Command]:
         kind = str(a.kind)

@@ -392,11 +392,34 @@ class Discard(Action):
     reason: str = "nothing accepted"
 
 
+class PushOutcome(enum.StrEnum):
+    """What became of a learner's push in its round, as :class:`NotifyPull` says it (the
+    words of :class:`dipsjax.outer.Outcome`, whose error feedback settles by them)."""
+
+    APPLIED = "applied"  # merged into ``version``
+    REJECTED = "rejected"  # judged an anomaly, not applied
+    STALE = "stale"  # dropped as too stale, before the norms
+    DISCARDED = "discarded"  # not applied, not judged (the round was discarded)
+    NONFINITE = "nonfinite"  # its squared norm was not finite: rejected
+
+
 @dataclasses.dataclass(frozen=True)
 class NotifyPull(Action):
+    """The round ``round_id`` ended at ``version``: its ``learners`` pull it. ``outcomes``
+    (aligned with ``learners``, a :class:`PushOutcome` each; empty from an older leader)
+    says what became of each one's push: a learner's error feedback (EXTENSION) settles by
+    it."""
+
     round_id: int
     learners: tuple[int, ...]
     version: int
+    outcomes: tuple[str, ...] = ()
+
+    def outcome_of(self, learner: int) -> str | None:
+        """The outcome of ``learner``'s push (``None``: not said)."""
+        if learner not in self.learners or len(self.outcomes) != len(self.learners):
+            return None
+        return self.outcomes[self.learners.index(learner)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -549,6 +572,16 @@ class Restore(Command):
     version: int = -1
     last_round: int = -1
     last_outcome: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settle(Command):
+    """Error feedback (EXTENSION): settle the residual of this learner's push of round
+    ``round_id`` by ``outcome`` (a :class:`dipsjax.outer.Outcome` word:
+    :func:`dipsjax.outer.feedback_settle`)."""
+
+    round_id: int
+    outcome: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,15 +13,23 @@ Frame (little-endian)::
             | incarnation i32 | version i64 | tensor u32 | block_size u32 | payload_len u64
             | scales_len u64 | checksum u64 | ticket 16 bytes | header_crc u32
     shape   ndim x u64
-    body    payload (payload_len bytes) then scales (scales_len bytes, float32)
+    body    payload (payload_len bytes) then scales (scales_len bytes: float32 block
+            scales, or, under ``stat2``, BF16 levels, four a block)
 
 ``checksum`` (XXH3-64) covers payload and scales (one checksum per tensor transfer),
 ``header_crc`` (CRC-32) the header fields before it and the shape. ``ticket``: the
 leader's grant of a push (zeros: none), checked by a follower before a push's body is read
 (:func:`dipsjax.runtime.credentials.push_ticket`). Tensors are encoded with
-:func:`dipsjax.outer.encode` (BF16 by default; fp32, int8 and int4 with block scales), the
-same codec the simulator applies, so numerics agree bit for bit (BF16 and FP32 take a host
-fast path through ``ml_dtypes``, tested bit-identical).
+:func:`dipsjax.outer.encode` (BF16 by default; fp32, int8 and int4 with block scales;
+``stat2``, EXTENSION, the statistical 2-bit codec with four BF16 levels a block), the same
+codec the simulator applies, so numerics agree bit for bit (BF16 and FP32 take a host fast
+path through ``ml_dtypes``, tested bit-identical). The codec is a frame's, not a push's: a
+sender may hand :func:`DataPlaneClient.push` tensors it encoded itself
+(:class:`dipsjax.outer.Encoded`, e.g. a learner's error feedback,
+:func:`dipsjax.outer.feedback_encode`, whose tree sends norms and embeddings as BF16 and
+the other matrices as ``stat2``), and each goes in its own codec; the receiver decodes
+with :func:`dipsjax.outer.decode`, so what it stages equals the sender's reconstruction
+bit for bit.
 
 A push is ``PUSH`` frames (one per tensor) then ``END``; the server answers ``ACK`` only
 if every frame was whole and checked, and only then hands the tensors to its handler: no
@@ -66,7 +74,7 @@ from dipsjax import outer
 MAGIC = b"DJX1"
 PUSH, PULL, DATA, END, ACK, ERROR = 1, 2, 3, 4, 5, 6
 KINDS = {PUSH: "PUSH", PULL: "PULL", DATA: "DATA", END: "END", ACK: "ACK", ERROR: "ERROR"}
-CODECS = ("fp32", "bf16", "int8", "int4")
+CODECS = ("fp32", "bf16", "int8", "int4", "stat2")  # ids: the index (append only)
 DTYPES = ("float32",)
 MAX_NDIM = 8
 DEFAULT_MAX_FRAME = 1 << 31  # 2 GiB: one tensor of 512M float32 values
@@ -165,6 +173,11 @@ def expected_lengths(codec: str, shape: tuple[int, ...], block_size: int) -> tup
         return 4 * n, 0
     if codec == "bf16":
         return 2 * n, 0
+    if codec == "stat2":
+        if block_size < 4 or block_size % 4:
+            raise FrameError(f"codec stat2 needs a block_size a multiple of 4, got {block_size}")
+        blocks = -(-n // block_size)
+        return blocks * (block_size // 4), 8 * blocks  # four BF16 levels a block
     if block_size < 2 or block_size % 2:
         raise FrameError(f"codec {codec} needs an even block_size >= 2, got {block_size}")
     blocks = -(-n // block_size)
@@ -242,12 +255,34 @@ def _decode(enc: outer.Encoded) -> jax.Array:
     return outer.decode(enc)
 
 
-def encode_tensor(
-    x: Any, codec: str = "bf16", block_size: int = 64
-) -> tuple[memoryview, memoryview, tuple[int, ...]]:
-    """``(payload, scales, shape)`` of a float32 tensor under ``codec`` (host bytes)."""
+def frame_codec(x: Any, codec: str, block_size: int | None = None) -> tuple[str, int]:
+    """``(codec, block_size)`` a tensor's frame carries: a pre-encoded tensor's own
+    (:class:`dipsjax.outer.Encoded`), else ``codec`` with ``block_size`` (``None``: the
+    codec's default, :data:`dipsjax.outer.DEFAULT_BLOCK`; 0 for the unblocked codecs)."""
+    if isinstance(x, outer.Encoded):
+        return x.codec, x.block_size
     if codec not in CODECS:
         raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
+    if codec in ("fp32", "bf16"):
+        return codec, 0
+    return codec, outer.DEFAULT_BLOCK[codec] if block_size is None else block_size
+
+
+def encode_tensor(
+    x: Any, codec: str = "bf16", block_size: int | None = None
+) -> tuple[memoryview, memoryview, tuple[int, ...]]:
+    """``(payload, scales, shape)`` of a float32 tensor under ``codec`` (host bytes); an
+    :class:`dipsjax.outer.Encoded` ``x`` is sent as it is (its own codec and block size,
+    :func:`frame_codec`)."""
+    if isinstance(x, outer.Encoded):
+        if x.codec not in CODECS:
+            raise ValueError(f"codec must be one of {CODECS}, got {x.codec!r}")
+        if x.dtype not in DTYPES:
+            raise ValueError(f"a pre-encoded tensor must be one of {DTYPES}, got {x.dtype}")
+        payload = np.ascontiguousarray(np.asarray(x.payload, np.uint8))
+        scales = np.ascontiguousarray(np.asarray(x.scales)).view(np.uint8)
+        return memoryview(payload).cast("B"), memoryview(scales).cast("B"), tuple(x.shape)
+    codec, block_size = frame_codec(x, codec, block_size)
     if codec in ("fp32", "bf16"):
         # Host fast path, bit-identical to outer.encode (both round to nearest even; tested).
         given = np.asarray(x)
@@ -260,26 +295,30 @@ def encode_tensor(
     arr = jnp.asarray(x, jnp.float32)
     enc = _encode(arr, codec, block_size)
     payload = np.asarray(enc.payload)
-    scales = np.asarray(enc.scales)
+    scales = np.ascontiguousarray(np.asarray(enc.scales)).view(np.uint8)
     return memoryview(payload).cast("B"), memoryview(scales).cast("B"), tuple(arr.shape)
 
 
 def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = True) -> np.ndarray:
-    """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one
-    stays BF16, half the memory; widening later gives the same float32 values)."""
+    """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one,
+    or a ``stat2`` one, whose values are BF16 levels, comes as BF16, half the memory;
+    widening later gives the same float32 values)."""
     if header.codec in ("fp32", "bf16"):  # host fast path, bit-identical to outer.decode
         dtype = np.float32 if header.codec == "fp32" else ml_dtypes.bfloat16
         x = np.frombuffer(payload, dtype).reshape(header.shape)
         return x.astype(np.float32) if widen or dtype is np.float32 else x
+    side = jnp.bfloat16 if header.codec == "stat2" else jnp.float32  # stat2: BF16 levels
     enc = outer.Encoded(
         jnp.frombuffer(payload, jnp.uint8) if len(payload) else jnp.zeros((0,), jnp.uint8),
-        jnp.frombuffer(scales, jnp.float32) if len(scales) else jnp.zeros((0,), jnp.float32),
+        jnp.frombuffer(scales, side) if len(scales) else jnp.zeros((0,), side),
         codec=header.codec,
         shape=header.shape,
         dtype=header.dtype,
         block_size=header.block_size,
     )
-    return np.asarray(_decode(enc))
+    x = np.asarray(_decode(enc))
+    # stat2 decodes to its blocks' BF16 levels: BF16 holds them exactly, in half the memory.
+    return x if widen or header.codec != "stat2" else x.astype(ml_dtypes.bfloat16)
 
 
 # -------------------------------------------------------------------------- frames
@@ -838,9 +877,9 @@ class DataPlaneServer:
 
         def encode(item: tuple[int, Any]) -> tuple[Header, Any, Any]:
             tid, x = item
-            payload, scales, shape = encode_tensor(x, codec)
-            block = 64 if codec in ("int8", "int4") else 0
-            head = Header(DATA, codec, shape=shape, version=version, tensor=tid, block_size=block)
+            code, block = frame_codec(x, codec)
+            payload, scales, shape = encode_tensor(x, code, block)
+            head = Header(DATA, code, shape=shape, version=version, tensor=tid, block_size=block)
             return framed(head, payload, scales)  # checksummed in the encoder thread
 
         sent = 0
@@ -1050,20 +1089,22 @@ class DataPlaneClient:
         tensors: Iterable[tuple[int, Any]],
         *,
         codec: str = "bf16",
-        block_size: int = 64,
+        block_size: int | None = None,
         ticket: bytes = b"",
     ) -> int:
         """Streams ``(tensor id, array)`` pairs in order, each frame with the leader's
-        ``ticket`` for the push; returns the bytes sent."""
+        ``ticket`` for the push; returns the bytes sent. An array goes in ``codec``
+        (``block_size``: its blocks, ``None``: the codec's default), an
+        :class:`dipsjax.outer.Encoded` one as it was encoded."""
         sock = self._connect()
-        block = block_size if codec in ("int8", "int4") else 0
 
         def encode(item: tuple[int, Any]) -> tuple[Header, Any, Any]:
             tid, x = item
-            payload, scales, shape = encode_tensor(x, codec, block_size)
+            code, block = frame_codec(x, codec, block_size)
+            payload, scales, shape = encode_tensor(x, code, block)
             head = Header(
                 PUSH,
-                codec,
+                code,
                 shape=shape,
                 round_id=round_id,
                 learner=learner,

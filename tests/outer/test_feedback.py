@@ -257,3 +257,90 @@ def test_bad_settings_named():
     with pytest.raises(ValueError, match="outcome"):
         _, _, p = outer.feedback_encode(state, {"w": np.ones(4)})
         outer.feedback_settle(state, p, "accepted")
+
+
+def test_the_protocol_settles_each_push_by_the_outcome_the_leader_says(tmp_path):
+    """Runtime error feedback, sans-IO: the leader's core says each push's outcome in its
+    ``NotifyPull`` (applied, stale, rejected by the anomaly penalty, non-finite), the
+    learner's core turns it into ``Settle`` and :class:`PushFeedback` settles the residual
+    as :func:`outer.feedback_settle` called directly with the expected outcome does."""
+    from dipsjax.learner.contribution import PushFeedback
+    from dipsjax.syncer import FixedGrace, Leader, LeaderConfig
+    from dipsjax.syncer import messages as m
+    from dipsjax.syncer.learner import SETTLED, LearnerProtocol
+
+    assert set(outer.OUTCOMES) == SETTLED  # the JAX-free core spells outer's words
+    n, rounds = 5, 9
+    leader = Leader(LeaderConfig(penalty=True, max_staleness=1), FixedGrace(10.0), version=5)
+    protos = [LearnerProtocol(j, feedback=True) for j in range(n)]
+    books = [PushFeedback("stat2") for _ in range(n)]
+    direct = [None] * n  # (state, pending) by outer's functions, called directly
+    # outer's functions, compiled once (the ones PushFeedback runs: no second compile)
+    from dipsjax.learner.contribution import _feedback_encode as encode
+    from dipsjax.learner.contribution import _feedback_settle as settle
+
+    rng = np.random.default_rng(0)
+    stale, norms_last = {1: -2}, {3: 1e6, 4: float("nan")}  # the last round's
+    want_last = ["applied", "stale", "applied", "rejected", "nonfinite"]
+    settles, done = [], []
+    queue = [(j, c) for j in range(n) for c in protos[j].start(0.0)]
+
+    def lead(event, t):
+        """The leader's actions: to learners, or to one follower holding every tensor."""
+        for a in leader.handle(event):
+            if isinstance(a, m.RequestNorms):
+                g = [1.0 + 0.01 * k for k in a.learners]
+                if len(done) == rounds - 1:
+                    g = [norms_last.get(k, x) for k, x in zip(a.learners, g, strict=True)]
+                lead(m.FollowerNorms(t, 0, a.round_id, tuple(g)), t)
+            elif isinstance(a, m.Decide):
+                lead(m.FollowerMerged(t, 0, a.round_id, 1.0), t)
+            elif isinstance(a, m.Apply):
+                lead(m.FollowerApplied(t, 0, a.round_id, a.version), t)
+            elif isinstance(a, m.NotifyPull | m.SendModel | m.PushShards):
+                if isinstance(a, m.NotifyPull):
+                    done.append(a)
+                for j in a.learners if isinstance(a, m.NotifyPull) else [a.learner]:
+                    queue.extend((j, c) for c in protos[j].on_action(a, t))
+
+    while queue:
+        j, c = queue.pop(0)
+        t = float(len(done))
+        last = len(done) == rounds - 1
+        if isinstance(c, m.Send):
+            lead(c.event, t)
+        elif isinstance(c, m.Pull):
+            queue.extend((j, x) for x in protos[j].on_pulled(c.version, t))
+        elif isinstance(c, m.Train) and len(done) < rounds:
+            base = protos[j].version + (stale.get(j, 0) if last else 0)
+            meta = m.PushMeta(tokens=10, steps=1, base_version=base)
+            queue.extend((j, x) for x in protos[j].on_trained(meta, t))
+        elif isinstance(c, m.Push):
+            delta = {"w": rng.standard_normal((16, 32)).astype(np.float32), "b": np.ones(32)}
+            books[j].encode(c.plan.round_id, delta)
+            state = direct[j][0] if direct[j] else outer.feedback_init(delta)
+            direct[j] = encode(state, delta, codec="stat2")[::2]
+            queue.extend((j, x) for x in protos[j].on_pushed(c.plan.round_id, t))
+        elif isinstance(c, m.Settle):
+            want = want_last[j] if c.round_id == rounds - 1 else "applied"
+            assert c.outcome == want, (j, c, len(done))
+            settles.append(c.outcome)
+            books[j].settle(c.round_id, c.outcome)
+            direct[j] = (settle(*direct[j], outer.Outcome(want)), None)
+            got = jax.tree.leaves(books[j].state.residual)
+            for x, y in zip(got, jax.tree.leaves(direct[j][0].residual), strict=True):
+                assert _bits(x).tobytes() == _bits(y).tobytes()
+    assert len(done) == rounds and len(settles) == n * rounds
+    assert sorted(settles[-n:]) == sorted(want_last)
+    assert books[0].settled == {"applied": rounds}
+    assert books[3].settled == {"applied": rounds - 1, "rejected": 1}
+    assert all(0 < b.residual_norm() < np.inf for b in books)
+    # A checkpoint's residual and push in flight, taken back by a restarted process.
+    books[0].encode(99, {"w": np.ones((16, 32), np.float32), "b": np.ones(32)})
+    books[0].save(tmp_path / "fb.npz")
+    again = PushFeedback("stat2")
+    assert again.load(tmp_path / "fb.npz") == [99]
+    for book in (books[0], again):
+        book.settle(99, "applied")
+    for x, y in zip(*(jax.tree.leaves(b.state.residual) for b in (books[0], again)), strict=True):
+        assert _bits(x).tobytes() == _bits(y).tobytes()

@@ -1,5 +1,7 @@
 """The runtime with real processes: a leader, 2 followers and 2 learners over gRPC and TCP."""
 
+import collections
+import itertools
 import json
 import math
 import os
@@ -234,7 +236,11 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
     """Also a stale upsize (seed 003): the late learner's links are slow while it joins (a fault
     injection of 60 kB/s on each follower's connection), so its first pull takes seconds;
     the others go on applying versions meanwhile, and it starts from the version it was
-    sent, stale by then, without blocking anyone."""
+    sent, stale by then, without blocking anyone.
+
+    Its learners push in the 2-bit ``stat2`` codec with error feedback (EXTENSION): each
+    push is settled by the outcome the leader's ``NotifyPull`` says, as the tape has it
+    (stale pushes among them), and the residuals stay finite."""
     import dataclasses
 
     from dipsjax.syncer.tape import EventTape
@@ -246,6 +252,8 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
         token_budget=3 * 16 * 512 * 10,
         speeds=(1.0, 1.3, 1.7),
         joins=((2, 6.0),),  # learner 2 joins 6 s after training began
+        wire="stat2",
+        error_feedback=True,
     )
     # Slow updates (each follower waits 0.7 s before applying) so that pushes land in them.
     spec = dataclasses.replace(
@@ -306,3 +314,20 @@ def test_a_late_learner_pulls_first_and_pushes_during_an_update_join_the_next_ro
     assert during, "no push landed during an update or a pull"
     for r, later, _ in during:
         assert later.round_id > r.round_id and later.timings["opened"] >= r.timings["ended"]
+    # Error feedback: every push the leader answered was settled by the outcome the tape
+    # gives it (the last one may have had no answer: the job stopped), none lost.
+    for j in range(sim.learners):
+        stats = json.loads((tmp_path / "run" / f"learner{j}" / "stats.json").read_text())
+        fb = stats["feedback"]
+        tape_says = collections.Counter()
+        for r in rounds:
+            tape_says["stale"] += sum(p.learner == j for p in r.dropped)
+            for p, ok in itertools.zip_longest(r.participants, r.accepted):
+                if p.learner == j:
+                    said = "rejected" if ok is False else "applied" if r.applied else "discarded"
+                    tape_says[said] += 1
+        settled = collections.Counter(fb["settled"])
+        assert set(settled) <= {"applied", "rejected", "stale", "discarded", "nonfinite"}
+        assert all(settled[o] <= tape_says[o] for o in settled), (j, fb, tape_says)
+        assert sum(settled.values()) >= sum(tape_says.values()) - 1, (j, fb, tape_says)
+        assert settled["applied"] >= 1 and 0 < fb["residual_norm"] < math.inf, (j, fb)

@@ -85,7 +85,7 @@ def test_round_lifecycle_with_fixed_grace():
     (apply,) = leader.handle(L.FollowerMerged(7.0, 0, 0, 4.0))
     assert apply.version == 1 and apply.clip_factor == pytest.approx(0.5)
     (notify,) = leader.handle(L.FollowerApplied(8.0, 0, 0, 1))
-    assert notify == L.NotifyPull(0, (0, 1), 1)
+    assert notify == L.NotifyPull(0, (0, 1), 1, ("applied", "applied"))
     assert leader.handle(L.PullDone(9.0, 0, 1)) == []
     # The last pull ends the round; the waiting push opens round 1 at once.
     assert leader.handle(L.PullDone(9.5, 1, 1)) == [L.PushShards(1, 2), L.WakeAt(14.5)]
@@ -364,7 +364,7 @@ def test_a_round_with_nothing_accepted_is_skipped():
         L.Unused(0, 0, "nonfinite", "squared norm nan is not finite: rejected"),
         L.Unused(1, 0, "nonfinite", "squared norm inf is not finite: rejected"),
         L.Discard(0, "nothing accepted"),
-        L.NotifyPull(0, (0, 1), 3),
+        L.NotifyPull(0, (0, 1), 3, ("nonfinite", "nonfinite")),
     ]  # no Decide, no Apply
     leader.handle(L.PullDone(2.0, 0, 3))
     leader.handle(L.PullDone(2.0, 1, 3))

@@ -116,7 +116,7 @@ def test_a_follower_lost_during_apply_rejoins_and_is_told_to_apply_again():
     assert leader.phase.value == "apply" and totals(leader)["outstanding"] == 40
     assert leader.handle(L.FollowerJoined(3.0, 1, 0, rounds=(rnd.round_id,))) == [apply]
     assert leader.handle(L.FollowerApplied(3.5, 1, rnd.round_id, 1)) == [
-        L.NotifyPull(rnd.round_id, (0, 1), 1)
+        L.NotifyPull(rnd.round_id, (0, 1), 1, ("applied", "applied"))
     ]
     leader.handle(L.PullDone(4.0, 0, 1))
     leader.handle(L.PullDone(4.0, 1, 1))
@@ -129,7 +129,8 @@ def test_a_follower_already_applied_that_rejoins_at_v_plus_one_counts_as_applied
     assert leader.handle(L.FollowerLost(2.0, 0, "stream broke")) == []
     assert leader.handle(L.FollowerJoined(3.0, 0, 1)) == []
     (notify,) = leader.handle(L.FollowerApplied(3.5, 1, rnd.round_id, 1))
-    assert notify == L.NotifyPull(rnd.round_id, (0, 1), 1) and leader.version == 1
+    assert notify == L.NotifyPull(rnd.round_id, (0, 1), 1, ("applied", "applied"))
+    assert leader.version == 1
 
 
 def test_resume_discards_a_round_that_had_reached_the_followers():
@@ -156,7 +157,7 @@ def test_a_follower_that_cannot_serve_the_norms_says_lost_then_joined():
     leader.handle(L.FollowerNorms(1.5, 0, rnd.round_id, (1.0, 1.0)))
     assert leader.handle(L.FollowerLost(2.0, 1, "lost its staged shards")) == [
         L.Discard(rnd.round_id, "follower 1 lost"),
-        L.NotifyPull(rnd.round_id, (0, 1), 0),
+        L.NotifyPull(rnd.round_id, (0, 1), 0, ("discarded", "discarded")),
     ]
     assert leader.handle(push(2.1, 0, 5, 1, 0)) == []  # learner 0 is still pulling
     assert leader.handle(L.FollowerJoined(2.2, 1, 0)) == []
@@ -215,7 +216,8 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     acts = []
     for ev in [e for s in steps[at:] for e in s]:
         acts += leader.handle(ev)
-    assert [a for a in acts if isinstance(a, L.NotifyPull)] == [L.NotifyPull(rnd.round_id, (1,), 1)]
+    notify = L.NotifyPull(rnd.round_id, (1,), 1, ("applied",))
+    assert [a for a in acts if isinstance(a, L.NotifyPull)] == [notify]
     if phase == "apply":
         assert [a for a in acts if isinstance(a, L.SendModel)] == [
             L.SendModel(0, 1, spans(c1), rnd.round_id, "applied")
@@ -441,7 +443,7 @@ def test_a_learner_rejoining_while_its_round_is_applied_gets_the_version_it_make
     assert leader.handle(L.FollowerApplied(1.5, 0, rnd.round_id, 1)) == []
     acts = leader.handle(L.FollowerApplied(1.6, 1, rnd.round_id, 1))
     assert acts == [
-        L.NotifyPull(rnd.round_id, (0,), 1),
+        L.NotifyPull(rnd.round_id, (0,), 1, ("applied",)),
         L.SendModel(1, 1, (), rnd.round_id, "applied"),
     ]
     # Once, even if it asks again meanwhile; a learner evicted meanwhile gets nothing.

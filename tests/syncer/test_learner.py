@@ -315,3 +315,54 @@ def test_a_push_refusal_that_comes_while_it_rejoins_is_stale(kind):
         m.Restore(0, (), 2),
         m.Pull(2, first=False),
     ]
+
+
+def test_error_feedback_settles_each_push_by_the_word_it_gets():
+    """``feedback=True`` (EXTENSION): a push is settled once, by its round's ``NotifyPull``
+    outcome (``lost`` if the leader names none), by a rejoin's ``SendModel`` (its
+    ``last_outcome`` for ``last_round``, ``dropped`` meaning ``discarded``; ``lost`` for
+    the others), or ``lost`` when a new plan comes while it is still unsettled."""
+    p = LearnerProtocol(J, feedback=True, overlap=True)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    assert p.on_action(plan(0), 2.0) == [m.Push(plan(0)), m.Train(adopt=True)]
+    notify = m.NotifyPull(0, (1, J), 1, ("applied", "stale"))
+    assert p.on_action(notify, 3.0) == [m.Settle(0, "stale"), m.Pull(1, background=True)]
+    assert p.on_action(notify, 3.1) == [m.Pull(1, background=True)]  # settled once
+    p.on_pulled(1, 3.2, background=True)
+    p.on_trained(meta(), 4.0)
+    p.on_action(plan(1), 4.0)
+    assert p.on_action(m.NotifyPull(1, (J,), 2), 5.0)[0] == m.Settle(1, "lost")  # no word
+    p.on_pulled(2, 5.1, background=True)
+    p.on_trained(meta(), 6.0)
+    p.on_action(plan(2), 6.0)
+    p.on_trained(meta(), 6.5)
+    p.inflight = None  # (as if round 2's result had been pulled without a word)
+    p.on_pulled(3, 6.6, background=True)
+    assert p.on_action(plan(3), 7.0)[:2] == [m.Settle(2, "lost"), m.Push(plan(3))]
+    # A rejoin: the push of last_round by last_outcome, any other lost.
+    p = LearnerProtocol(J, feedback=True, checkpoints=True)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    p.on_action(plan(3), 2.0)
+    p.unsettled.insert(0, 2)  # (as if an older push had had no word)
+    p.on_pushed(3, 2.5)
+    assert p.on_leader_lost(8.0) == [m.Send(m.Join(8.0, J, 0, True, ""))]
+    send = m.SendModel(J, 4, last_round=3, last_outcome="dropped")
+    assert p.on_action(send, 9.0) == [
+        m.Restore(1, (), 4, 3, "dropped"),
+        m.Settle(2, "lost"),
+        m.Settle(3, "discarded"),
+        m.Pull(4),
+    ]
+    assert p.unsettled == []
+    # A restarted process restored pushes in flight from its checkpoint: the same words.
+    restore = m.Restore(1, (), 4, 5, "applied")
+    assert p.on_restored([4, 5], restore) == [m.Settle(4, "lost"), m.Settle(5, "applied")]
+    plain = LearnerProtocol(J)  # without feedback: no Settle ever
+    assert plain.on_restored([5], restore) == []
+    joined(plain)
+    plain.on_trained(meta(), 2.0)
+    assert plain.on_action(plan(0), 2.0) == [m.Push(plan(0))]
+    plain.on_pushed(0, 2.5)
+    assert plain.on_action(m.NotifyPull(0, (J,), 1, ("applied",)), 3.0) == [m.Pull(1)]

@@ -82,7 +82,7 @@ EXAMPLES = [
     ),
     m.Apply(round_id=17, version=18, clip_factor=0.75, merged_sq_norm=2.5),
     m.Discard(round_id=19, reason="all rejected"),
-    m.NotifyPull(round_id=20, learners=(1, 2), version=21),
+    m.NotifyPull(round_id=20, learners=(1, 2), version=21, outcomes=("applied", "stale")),
     m.GrantChunk(learner=22, chunk=23, start=2, end=4),
     m.GrantChunk(learner=22, chunk=None),
     m.GrantChunk(learner=22, chunk=0, start=0, end=1),

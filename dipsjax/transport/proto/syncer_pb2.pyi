@@ -287,14 +287,16 @@ class Discard(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NotifyPull(_message.Message):
-    __slots__ = ("round_id", "learners", "version")
+    __slots__ = ("round_id", "learners", "version", "outcomes")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     learners: _containers.RepeatedScalarFieldContainer[int]
     version: int
-    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ...) -> None: ...
+    outcomes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ..., outcomes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GrantChunk(_message.Message):
     __slots__ = ("learner", "chunk", "start", "end")

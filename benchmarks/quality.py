@@ -60,6 +60,12 @@ def _run(label: str, m: int, h: int, seed: int, rounds: int, eta: float, **extra
             fields["quorum"] = m
         cfg.update(fields)
     cfg.update(extra)
+    if label != "dp":  # the method's outer defaults, explicit: the cache key names them
+        from dipsjax.syncer.methods import OUTER_DEFAULTS
+
+        lr, mom = OUTER_DEFAULTS[cfg["method"]]
+        cfg.setdefault("outer_lr", lr)
+        cfg.setdefault("outer_momentum", mom)
     return dict(label=label, axes=dict(extra), cfg=cfg)
 
 

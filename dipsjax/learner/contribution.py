@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
 from dipsjax import outer
@@ -67,9 +68,13 @@ def push_meta(
 
 def wire(codec: str, payload: dict) -> dict:
     """What the followers receive: a pseudo-gradient through the wire codec ``codec``
-    (``fp32``: as it is)."""
+    (``fp32``: as it is). ``bf16`` takes the data plane's host path (``ml_dtypes``, round to
+    nearest even: bit-identical to :func:`dipsjax.outer.encode` then ``decode``, and about
+    ten times faster than their op-by-op dispatch on a small model's many tensors)."""
     if codec == "fp32":
         return payload
+    if codec == "bf16":
+        return jax.tree.map(_bf16_round_trip, payload)
     return outer.decode_tree(outer.encode_tree(payload, codec))
 
 
@@ -194,3 +199,8 @@ def _tree(flat: dict[str, np.ndarray], prefix: str) -> dict:
             if k.startswith(head)
         }
     )
+
+
+def _bf16_round_trip(x: Any) -> np.ndarray:
+    host = np.asarray(x)
+    return host.astype(np.float32).astype(ml_dtypes.bfloat16).astype(host.dtype)

@@ -136,9 +136,10 @@ class Method:
     settings: MethodSettings
 
     def make_tx(self, outer_optimizer: Any = None) -> Any:
-        """The followers' outer chain (imports JAX). Equal methods get the same chain
-        object: the followers' jitted steps take it as a static argument, so a process
-        that builds many worlds (the simulator, its replays, tests) compiles them once.
+        """The followers' outer chain (imports JAX). Methods equal in what the chain reads
+        (not, e.g., their token budgets) get the same chain object: the followers' jitted
+        steps take it as a static argument, so a process that builds many worlds (the
+        simulator, its replays, tests) compiles them once.
 
         ``outer_optimizer``: EXTENSION: the task's ``(learning_rate, momentum) -> optax
         transform`` (:attr:`dipsjax.task.Task.outer_optimizer`, see
@@ -161,20 +162,44 @@ class Method:
                 "outer_optimizer must be a hashable function (learning_rate, momentum) -> "
                 f"optax transform, got {outer_optimizer!r}"
             )
-        return _make_tx(self.name, self.settings, self.leader.max_norm, outer_optimizer)
+        s = self.settings
+        # Keyed on what the chain reads only: worlds that differ elsewhere (a token budget,
+        # a learner count, a heartbeat) share the chain and so the followers' compiled steps.
+        full = s.full_round_tokens if self.name == "decoupled" and s.round_token_scale else None
+        return _make_tx(
+            self.name,
+            *s.outer(self.name),
+            s.anomaly,
+            s.rda if self.name == "decoupled" else True,
+            full,
+            s.outer_optimizer,
+            self.leader.max_norm,
+            outer_optimizer,
+        )
 
 
 @functools.lru_cache(maxsize=64)
-def _make_tx(name: str, s: MethodSettings, max_norm: float | None, fn: Any = None) -> Any:
+def _make_tx(
+    name: str,
+    lr: float,
+    mom: float,
+    a: rules.AnomalyConfig,
+    rda: bool,
+    full: float | None,
+    named_step: str,
+    max_norm: float | None,
+    fn: Any = None,
+) -> Any:
+    """The outer chain of method ``name`` (``full``: Decoupled DiLoCo's full-round tokens
+    when its rounds are scaled, else ``None``; ``named_step``: the settings'
+    ``outer_optimizer``, ``fn``: the task's)."""
     from dipsjax import outer
 
-    a = s.anomaly
-    lr, mom = s.outer(name)
     step = None
-    if s.outer_optimizer:
+    if named_step:
         from dipsjax.task import resolve
 
-        fn = resolve(s.outer_optimizer)
+        fn = resolve(named_step)
     if fn is not None:
         step = fn(lr, mom)
     if name == "dips":
@@ -191,9 +216,8 @@ def _make_tx(name: str, s: MethodSettings, max_norm: float | None, fn: Any = Non
             max_norm=max_norm,
         )
     if name == "decoupled":
-        full = s.full_round_tokens if s.round_token_scale else None
         return outer.decoupled_diloco(
-            lr, mom, rda=s.rda, full_round_tokens=full, step=step, max_norm=max_norm
+            lr, mom, rda=rda, full_round_tokens=full, step=step, max_norm=max_norm
         )
     return outer.diloco(lr, mom, step=step, max_norm=max_norm)
 

@@ -28,8 +28,18 @@ def test_adopting_a_version_adds_the_global_change_to_ones_own_progress():
 
 
 def test_wire_is_the_codec_round_trip_and_fp32_is_untouched():
-    x = {"w": jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32)}
+    # Ties (1 + 2**-8 rounds to even), subnormals, signed zeros, infinities, random bits.
+    bits = np.random.default_rng(0).integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    odd = [0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-45, 3.4e38, 1 + 2**-8, 1 + 3 * 2**-8]
+    edge = np.concatenate([np.array(odd, np.float32), bits.view(np.float32)])
+    x = {
+        "w": jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32),
+        "e": jnp.asarray(edge[~np.isnan(edge)]),  # NaN payload bits are not specified
+    }
     assert wire("fp32", x) is x
     bf16 = wire("bf16", x)
-    np.testing.assert_array_equal(bf16["w"], outer.decode_tree(outer.encode_tree(x, "bf16"))["w"])
+    want = outer.decode_tree(outer.encode_tree(x, "bf16"))
+    for k in x:  # bit for bit, in the dtype sent
+        assert bf16[k].dtype == want[k].dtype == np.float32
+        assert np.asarray(bf16[k]).tobytes() == np.asarray(want[k]).tobytes()
     assert not np.array_equal(np.asarray(bf16["w"]), np.asarray(x["w"]))  # it did quantize

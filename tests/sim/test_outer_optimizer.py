@@ -139,6 +139,19 @@ def test_a_task_s_outer_sgd_steps_as_the_config_s_and_both_set_is_an_error():
         # One chain per method, settings and function: the followers' jit compiles once.
         assert methods.build(name, plain).make_tx(optax.sgd) is from_task
         assert methods.build(name, plain).make_tx() is not from_task
+        # ...keyed on what the chain reads: another budget, learner count or shard layout
+        # (e.g. the fault tests' replays, one world each) shares it; another lr does not.
+        other = dataclasses.replace(
+            plain,
+            token_budget=123,
+            learners=3,
+            heartbeat_interval=1.0,
+            num_followers=2,
+            layer_owner=(0, 1),
+        )
+        assert methods.build(name, other).make_tx(optax.sgd) is from_task
+        faster = dataclasses.replace(plain, outer_lr=0.5)
+        assert methods.build(name, faster).make_tx(optax.sgd) is not from_task
         with pytest.raises(ValueError, match="set one of them"):
             methods.build(name, by_config).make_tx(optax.sgd)
         with pytest.raises(TypeError, match="must be a hashable function"):

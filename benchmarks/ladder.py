@@ -195,12 +195,10 @@ def write_report(best: dict[tuple, dict], out: Path) -> None:
     fig.savefig(out / "ladder.png", dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/ladder"))
-    p.add_argument(
-        "--tiny", action="store_true", help="the tests' form: 2 rounds, 1 seed, M 1 and 2"
-    )
+def runner_args(p: argparse.ArgumentParser, out: str, tiny: str) -> None:
+    """The arguments every script on this runner takes (``quality.py`` too)."""
+    p.add_argument("--out", type=Path, default=Path(out))
+    p.add_argument("--tiny", action="store_true", help=tiny)
     p.add_argument(
         "--workers",
         type=int,
@@ -208,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rounds", type=int, default=50)
     p.add_argument("--seeds", type=int, default=3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    runner_args(p, "runs/ladder", "the tests' form: 2 rounds, 1 seed, M 1 and 2")
     p.add_argument("--eta", type=float, default=0.0, help="step-time heterogeneity (percent)")
     p.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--h", type=int, nargs="+", default=[8, 16, 32, 64])

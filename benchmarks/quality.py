@@ -32,7 +32,6 @@ two cores); ``--tiny`` for the form the tests run (2 rounds, H=2, one seed).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -40,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.ladder import BASE, METHODS, _stats, run_all  # noqa: E402
+from benchmarks.ladder import BASE, METHODS, _stats, run_all, runner_args  # noqa: E402
 
 WIRES = {
     "stat2_ef": dict(wire="stat2", error_feedback=True),
@@ -139,15 +138,7 @@ def _key(run: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("runs/quality"))
-    p.add_argument("--tiny", action="store_true", help="the tests' form: 2 rounds, H=2, 1 seed")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2,
-    )
-    p.add_argument("--rounds", type=int, default=50)
-    p.add_argument("--seeds", type=int, default=3)
+    runner_args(p, "runs/quality", "the tests' form: 2 rounds, H=2, 1 seed")
     p.add_argument("--m", type=int, default=4, help="learners (the M=1 comparison aside)")
     p.add_argument("--h", type=int, default=16)
     p.add_argument("--eta", type=float, default=100.0, help="heterogeneity of the async pairs")

@@ -236,6 +236,7 @@ SIM: dict[str, Rule] = {
     "seed": Int(0, 2**32 - 1),
     "error_feedback": BOOL,
     "feedback_decay": Real(0, 1),
+    "wire_topk": Optional(Real(0, 1, open_lo=True)),
 }
 
 MAX_CONNECTIONS = 65536

@@ -14,6 +14,7 @@ process (``runtime/learner.py``, ``runtime/partition.py``) and the decentralized
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -66,16 +67,37 @@ def push_meta(
     )
 
 
-def wire(codec: str, payload: dict) -> dict:
+def wire(codec: str, payload: dict, topk: float | None = None) -> dict:
     """What the followers receive: a pseudo-gradient through the wire codec ``codec``
     (``fp32``: as it is). ``bf16`` takes the data plane's host path (``ml_dtypes``, round to
     nearest even: bit-identical to :func:`dipsjax.outer.encode` then ``decode``, and about
-    ten times faster than their op-by-op dispatch on a small model's many tensors)."""
+    ten times faster than their op-by-op dispatch on a small model's many tensors).
+    ``topk`` (EXTENSION, without error feedback the control of its ablation): only each
+    leaf's ``ceil(topk * n)`` largest-magnitude values are coded, the rest sent as zero
+    (:func:`sparsify`)."""
+    if topk is not None:
+        return outer.decode_tree(encode_tree(payload, codec, topk))
     if codec == "fp32":
         return payload
     if codec == "bf16":
         return jax.tree.map(_bf16_round_trip, payload)
     return outer.decode_tree(outer.encode_tree(payload, codec))
+
+
+def sparsify(tree: Any, topk: float | None) -> Any:
+    """Each leaf of ``tree`` with all but its ``ceil(topk * n)`` largest-magnitude values
+    zeroed (:func:`dipsjax.outer.top_k`, the function error feedback uses); ``None``: as
+    it is."""
+    if topk is None:
+        return tree
+    return jax.tree.map(lambda x: outer.top_k(x, topk), tree)
+
+
+@functools.partial(jax.jit, static_argnames=("codec", "topk"))
+def encode_tree(tree: Any, codec: str, topk: float | None = None) -> Any:
+    """:func:`dipsjax.outer.encode_tree` of :func:`sparsify` ``(tree, topk)``: a push's
+    tensors as a learner without error feedback encodes them itself (``stat2``, top-k)."""
+    return outer.encode_tree(sparsify(tree, topk), codec)
 
 
 _feedback_encode = jax.jit(
@@ -96,8 +118,8 @@ class PushFeedback:
     the followers with :func:`dipsjax.outer.decode`: equal to ``Pending.decoded`` bit for bit.
     """
 
-    def __init__(self, codec: str, decay: float = 1.0) -> None:
-        self.codec, self.decay = codec, decay
+    def __init__(self, codec: str, decay: float = 1.0, topk: float | None = None) -> None:
+        self.codec, self.decay, self.topk = codec, decay, topk
         self.state: outer.FeedbackState | None = None
         self.pending: dict[int, outer.Pending] = {}
         self.sent: dict[int, Any] = {}  # round -> its encoded tree (a retried push's too)
@@ -109,7 +131,7 @@ class PushFeedback:
             if self.state is None:
                 self.state = outer.feedback_init(delta)
             self.state, encoded, pending = _feedback_encode(
-                self.state, delta, codec=self.codec, decay=self.decay
+                self.state, delta, codec=self.codec, decay=self.decay, topk=self.topk
             )
             self.pending[round_id], self.sent[round_id] = pending, encoded
         return self.sent[round_id]
@@ -118,7 +140,7 @@ class PushFeedback:
         """Compiles encoding and every settlement on ``delta`` (zeros shaped like a push),
         leaving the state as it was."""
         state, _, pending = _feedback_encode(
-            outer.feedback_init(delta), delta, codec=self.codec, decay=self.decay
+            outer.feedback_init(delta), delta, codec=self.codec, decay=self.decay, topk=self.topk
         )
         for outcome in outer.Outcome:
             jax.block_until_ready(_feedback_settle(state, pending, outcome))

@@ -91,7 +91,7 @@ from tensorboardX import SummaryWriter
 from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner, make_partition_mesh
-from dipsjax.learner.contribution import PushFeedback, push_meta
+from dipsjax.learner.contribution import PushFeedback, encode_tree, push_meta
 from dipsjax.runtime import logs, permissions, progress
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
@@ -104,7 +104,6 @@ from dipsjax.task import load_task
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
 log = logging.getLogger("dipsjax.runtime.learner")  # not __name__: "__main__" when run
-_encode_tree = jax.jit(outer.encode_tree, static_argnames=("codec", "block_size", "embeddings"))
 
 EVICTED = m.ExitCode.EVICTED  # exit code (EX_TEMPFAIL): start me again as a new incarnation
 UNREACHABLE = m.ExitCode.UNREACHABLE  # exit code (EX_UNAVAILABLE): my link is down
@@ -228,7 +227,9 @@ class LearnerNode:
         )
         # Error feedback (EXTENSION): the residual and the pushes not settled yet. In memory
         # only: a process that ends takes it along (see the module docstring).
-        self.feedback = PushFeedback(cfg.wire, cfg.feedback_decay) if cfg.error_feedback else None
+        self.feedback = None
+        if cfg.error_feedback:
+            self.feedback = PushFeedback(cfg.wire, cfg.feedback_decay, cfg.wire_topk)
         self.terminating = False  # SIGTERM: stop at the next safe point
         self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
         self.control = ControlClient(spec, learner=j, incarnation=incarnation)
@@ -569,8 +570,8 @@ class LearnerNode:
         cfg = self.spec.sim
         if self.feedback is not None:
             tree = self.feedback.encode(round_id, delta)
-        elif cfg.wire == "stat2":
-            tree = _encode_tree(delta, cfg.wire)
+        elif cfg.wire == "stat2" or cfg.wire_topk is not None:
+            tree = encode_tree(delta, cfg.wire, cfg.wire_topk)
         else:
             return outer.flatten(jax.device_get(delta))
         return outer.flatten(jax.device_get(tree))
@@ -759,8 +760,8 @@ class LearnerNode:
         zeros = outer.unflatten({p: np.zeros(s, np.float32) for p, s in self.shapes.items()})
         if self.feedback is not None:
             self.feedback.warm_up(zeros)
-        elif cfg.wire == "stat2":
-            jax.block_until_ready(_encode_tree(zeros, cfg.wire))
+        elif cfg.wire == "stat2" or cfg.wire_topk is not None:
+            jax.block_until_ready(encode_tree(zeros, cfg.wire, cfg.wire_topk))
         log.info("compiled in %.1f s", time.perf_counter() - t0)
 
     def phase(self, name: str) -> None:

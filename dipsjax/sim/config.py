@@ -90,7 +90,11 @@ class SimConfig:
     outcomes the leader's ``NotifyPull`` says, in ``dipsjax run``, where a restarted learner
     process starts from a zero residual: :mod:`dipsjax.runtime.learner`); ``wire="stat2"``
     (the statistical 2-bit codec, :mod:`dipsjax.outer._codecs`; norms and embeddings go as
-    BF16).
+    BF16); ``wire_topk`` (a fraction in (0, 1]: only each tensor's ``ceil(wire_topk * n)``
+    largest-magnitude values are coded, the others sent as zero, :func:`dipsjax.outer.top_k`;
+    with ``error_feedback`` the withheld values stay in the residual, without it they are
+    lost, which is the control of the error-feedback ablation. The wire is priced as the
+    dense codec: the positions' coding is not implemented).
     """
 
     method: str = "dips"
@@ -158,6 +162,7 @@ class SimConfig:
     seed: int = 0
     error_feedback: bool = False
     feedback_decay: float = 1.0
+    wire_topk: float | None = None
 
     def __post_init__(self) -> None:
         args = self.task_args
@@ -218,6 +223,11 @@ class SimConfig:
             (self.eval_tokens >= 1, "eval_tokens", ">= 1 (32K to 64K measure; fewer for tests)"),
             (self.data_layout in ("spread", "contiguous"), "data_layout", "spread or contiguous"),
             (0 <= self.feedback_decay <= 1, "feedback_decay", "in [0, 1]"),
+            (
+                self.wire_topk is None or 0 < self.wire_topk <= 1,
+                "wire_topk",
+                "a fraction in (0, 1] or None",
+            ),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (
                 not self.outer_optimizer or ":" in self.outer_optimizer,

@@ -184,7 +184,7 @@ class Engine:
         if self.cfg.error_feedback:
             sl.pending = self._feedback_payload(sl, delta, contrib.tokens)
         else:
-            sl.pending = wire(self.cfg.wire, delta)
+            sl.pending = wire(self.cfg.wire, delta, self.cfg.wire_topk)
         sl.training = (t, dt, drawn)
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl, meta)
@@ -291,7 +291,11 @@ class Engine:
         if sl.feedback is None:
             sl.feedback = outer.feedback_init(delta)
         sl.feedback, _, pending = _feedback_encode(
-            sl.feedback, delta, codec=self.cfg.wire, decay=self.cfg.feedback_decay
+            sl.feedback,
+            delta,
+            codec=self.cfg.wire,
+            decay=self.cfg.feedback_decay,
+            topk=self.cfg.wire_topk,
         )
         sl.unsettled[None] = (pending, tokens)
         return pending.decoded

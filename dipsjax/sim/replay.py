@@ -78,7 +78,9 @@ def replay(cfg: SimConfig, tape: EventTape, world: World | None = None) -> dict:
                 continue
             base = versions.get(meta.base_version)
             delta = delta_to_send(method.reference, contrib, learner, base)
-            for f, part in zip(followers, world.split(wire(cfg.wire, delta)), strict=True):
+            for f, part in zip(
+                followers, world.split(wire(cfg.wire, delta, cfg.wire_topk)), strict=True
+            ):
                 f.receive(rec.round_id, j, part)
         if not rec.participants:
             continue

@@ -1,11 +1,15 @@
 """Error feedback in the simulator (EXTENSION): each push settled by the outcome the
 leader's actions give it, on the toy world (real leader, followers, learner protocol)."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
 
+from dipsjax import outer
 from dipsjax.launch import schema
+from dipsjax.learner.contribution import encode_tree, wire
 from dipsjax.sim.config import SimConfig
 from dipsjax.sim.engine import Engine
 from dipsjax.sim.replay import replay
@@ -88,3 +92,58 @@ def test_the_simulator_prices_each_tensor_in_the_codec_it_is_sent_in(wire):
     assert world.wire_bytes == pytest.approx(expected, rel=1e-12)
     if wire == "stat2":  # the tiny model's embedding dominates: far above 2.25 bits a value
         assert world.wire_bytes > 2 * per_value["stat2"] * world.cfg.virtual_params
+
+
+@pytest.mark.parametrize("codec", ["fp32", "stat2"])
+def test_topk_without_feedback_sends_only_the_largest(codec):
+    """``wire_topk`` without error feedback (the control of its ablation): each tensor
+    keeps its ``ceil(topk * n)`` largest-magnitude values, counted here with numpy, and
+    the rest of the pseudo-gradient is gone."""
+    rng = np.random.default_rng(3)
+    tree = {"w": rng.standard_normal((16, 32)).astype(np.float32), "b": rng.random(7)}
+    out = wire(codec, tree, 0.25)
+    for name, x in tree.items():
+        flat = np.asarray(x, np.float32).reshape(-1)
+        k = int(np.ceil(0.25 * flat.size))
+        keep = np.argsort(-np.abs(flat))[:k]
+        got = np.asarray(out[name]).reshape(-1)
+        dropped = np.setdiff1d(np.arange(flat.size), keep)
+        assert not np.any(got[dropped])
+        if codec == "fp32":
+            np.testing.assert_array_equal(got[keep], flat[keep])
+        else:  # stat2 codes the kept values: most of them stay nonzero
+            assert np.count_nonzero(got[keep]) >= k // 2
+    # the same encoding the runtime's learner sends (encode_tree) decodes to it bit for bit
+    dec = outer.decode_tree(encode_tree(tree, codec, 0.25))
+    jax.tree.map(np.testing.assert_array_equal, dec, out)
+
+
+def test_topk_in_the_simulator_and_the_runtime_config():
+    with pytest.raises(ValueError, match="wire_topk"):
+        SimConfig(wire_topk=0.0)
+    with pytest.raises(ValueError, match="wire_topk"):
+        schema.validate_sim({"wire_topk": 1.5}, "run")
+    for command in ("run", "simulate"):
+        assert schema.validate_sim({"wire_topk": 0.1}, command).wire_topk == 0.1
+    # every push the followers got, with and without feedback, holds at most
+    # ceil(0.1 n) nonzero values a tensor; with feedback the rest waits in the residuals
+    sent = []
+
+    class Recording(Engine):  # what reaches the followers
+        def _take_payload(self, j, incarnation):
+            payload = super()._take_payload(j, incarnation)
+            if payload is not None:
+                sent.append(payload)
+            return payload
+
+    for feedback in (False, True):
+        cfg = toy_config(method="dips", speeds=(1.5, 1.0, 1.25), wire="fp32", wire_topk=0.1)
+        cfg = dataclasses.replace(cfg, error_feedback=feedback)
+        engine = Recording(cfg, world=ToyWorld(cfg))
+        engine.run()
+    assert len(sent) > 20
+    for tree in sent:
+        for x in tree.values():
+            assert 0 < np.count_nonzero(np.asarray(x)) <= np.ceil(0.1 * np.size(x))
+    residuals = [x for sl in engine.learners for x in sl.feedback.residual.values()]
+    assert max(float(np.max(np.abs(np.asarray(x)))) for x in residuals) > 0

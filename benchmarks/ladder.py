@@ -11,7 +11,9 @@ in ``--workers`` processes, each pinned to its own core.
 
 The summary, per method, M and H: the best (outer lr, momentum[, clip]) by mean final
 bits per byte over the seeds, its spread, and its gap to the best data-parallel run of the
-same M and tokens; the table goes to ``OUT/ladder.md`` and the plot to ``OUT/ladder.png``.
+same M and tokens; the table goes to ``OUT/ladder.md`` and the plot to ``OUT/ladder.png``
+(``--report-all``: of every result in ``OUT``, all invocations so far, one row per
+method, M, H and rounds).
 
 Run: ``.venv/bin/python benchmarks/ladder.py --out runs/ladder`` (the whole grid: hours on
 two cores); ``--tiny`` for the form the tests run (two rounds, one seed, M in {1, 2}).
@@ -98,8 +100,9 @@ def _init_worker(cores: list[int]) -> None:
         os.sched_setaffinity(0, {cores[(ident[0] - 1) % len(cores)] if ident else cores[0]})
 
 
-def run_all(runs: list[dict], out: Path, workers: int) -> list[dict]:
-    """Runs what ``out/results.jsonl`` does not hold yet; returns every result there."""
+def run_all(runs: list[dict], out: Path, workers: int, every: bool = False) -> list[dict]:
+    """Runs what ``out/results.jsonl`` does not hold yet; returns the results of ``runs``
+    (``every``: every result the file holds)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.jsonl"
     done = {}
@@ -132,7 +135,7 @@ def run_all(runs: list[dict], out: Path, workers: int) -> list[dict]:
                     flush=True,
                 )
     wanted = {key(r) for r in runs}
-    return [r for k, r in done.items() if k in wanted]
+    return [r for k, r in done.items() if every or k in wanted]
 
 
 def _stats(xs: list[float]) -> tuple[float, float]:
@@ -141,32 +144,41 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return mean, spread
 
 
+def _rounds(r: dict) -> int:
+    """The outer rounds' worth of tokens a result's run had (its cell's budget)."""
+    cfg = json.loads(r["key"])["cfg"]
+    per_round = cfg["learners"] * cfg["inner_steps"] * cfg["batch_size"] * cfg["seq_len"]
+    return round(cfg["token_budget"] / per_round)
+
+
 def summarize(results: list[dict]) -> dict[tuple, dict]:
-    """Per (label, M, H): the best setting by mean bpb over seeds, and the gap to DP."""
+    """Per (label, M, H, rounds): the best setting by mean bpb over seeds, and the gap to
+    DP of the same cell (the same tokens)."""
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        cells[(r["label"], r["m"], r["h"])][json.dumps(r["axes"], sort_keys=True)].append(r["bpb"])
+        cell = (r["label"], r["m"], r["h"], _rounds(r))
+        cells[cell][json.dumps(r["axes"], sort_keys=True)].append(r["bpb"])
     best = {}
     for cell, settings in cells.items():
         ranked = sorted(((*_stats(v), k, len(v)) for k, v in settings.items()), key=lambda x: x[0])
         mean, spread, axes, n = ranked[0]
         best[cell] = dict(mean=mean, spread=spread, axes=json.loads(axes), seeds=n)
-    for (label, m, h), b in best.items():
-        dp = best.get(("dp", m, h))
+    for (label, m, h, rounds), b in best.items():
+        dp = best.get(("dp", m, h, rounds))
         b["gap"] = (b["mean"] / dp["mean"] - 1.0) if dp and label != "dp" else 0.0
     return best
 
 
 def write_report(best: dict[tuple, dict], out: Path) -> None:
     lines = [
-        "| method | M | H | best setting | bpb (mean +- sd, seeds) | gap to DP |",
-        "|---|---|---|---|---|---|",
+        "| method | M | H | rounds | best setting | bpb (mean +- sd, seeds) | gap to DP |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for (label, m, h), b in sorted(best.items()):
+    for (label, m, h, rounds), b in sorted(best.items()):
         setting = ", ".join(f"{k} {v}" for k, v in b["axes"].items())
         lines.append(
-            f"| {label} | {m} | {h} | {setting} | {b['mean']:.4f} +- {b['spread']:.4f} "
-            f"({b['seeds']}) | {100 * b['gap']:+.1f}% |"
+            f"| {label} | {m} | {h} | {rounds} | {setting} | {b['mean']:.4f} +- "
+            f"{b['spread']:.4f} ({b['seeds']}) | {100 * b['gap']:+.1f}% |"
         )
     (out / "ladder.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -179,13 +191,13 @@ def write_report(best: dict[tuple, dict], out: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
     for label in sorted({c[0] for c in best} - {"dp"}):
-        for h in sorted({c[2] for c in best if c[0] == label}):
-            ms = sorted(c[1] for c in best if c[0] == label and c[2] == h)
+        for h, rounds in sorted({(c[2], c[3]) for c in best if c[0] == label}):
+            ms = sorted(c[1] for c in best if c[0] == label and c[2:] == (h, rounds))
             ax.plot(
                 ms,
-                [100 * best[(label, m, h)]["gap"] for m in ms],
+                [100 * best[(label, m, h, rounds)]["gap"] for m in ms],
                 marker="o",
-                label=f"{label} H={h}",
+                label=f"{label} H={h}, {rounds} rounds",
             )
     ax.set_xlabel("learners M")
     ax.set_ylabel("gap to tuned DP at equal tokens (%)")
@@ -219,6 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--outer-momentum", type=float, nargs="+", default=[0.0, 0.8, 0.9])
     p.add_argument("--clip", nargs="+", default=[""], help="outer_clip values ('' the method's)")
     p.add_argument("--dp-lr", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2])
+    p.add_argument(
+        "--report-all",
+        action="store_true",
+        help="write ladder.md and ladder.png from every result in OUT, not only this grid's",
+    )
     args = p.parse_args(argv)
     if args.tiny:
         args.rounds, args.seeds, args.m, args.h = 2, 1, [1, 2], [2]
@@ -231,9 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     runs = grid(args)
     results = run_all(runs, args.out, args.workers)
     best = summarize(results)
-    write_report(best, args.out)
+    if args.report_all:  # every invocation's results so far: the whole table and plot
+        write_report(summarize(run_all([], args.out, args.workers, every=True)), args.out)
+    else:
+        write_report(best, args.out)
     gaps: dict[tuple[str, int], float] = {}  # the best H of each method and M
-    for (label, m, _), b in best.items():
+    for (label, m, *_), b in best.items():
         if label != "dp":
             gaps[(label, m)] = min(b["gap"], gaps.get((label, m), math.inf))
     print(f"ladder_runs: {len(results)} (goal: {len(runs)})")

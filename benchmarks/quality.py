@@ -7,6 +7,8 @@ seeds) and, where the goal says "sooner", the ratio of simulated wall times.
 figure                        a against b                                 goal
 ============================  ==========================================  ================
 ``sync_vs_dp_m4``             synchronous DiLoCo vs tuned DP, M=4         gap <= 4%
+``sync_vs_dp_m4_half_h``     the same at H/2, twice the rounds (equal    gap <= 4%
+                              tokens)
 ``sync_vs_dp_m1``             the same at M=1                             gap <= 1%
 ``dips_vs_sync_eta100``       Di-PS vs synchronous DiLoCo, eta 100        gap <= 1%, sooner
 ``decoupled_k1_vs_km_eta100`` Decoupled K=1 + grace vs K=M, eta 100       gap <= 2%, sooner
@@ -16,6 +18,11 @@ figure                        a against b                                 goal
                               (Di-PS; Decoupled at K=M)
 ``{dips,decoupled}_stat2``    2-bit without error feedback vs BF16        gap > 1% (control)
 ``{dips,decoupled}_int4``     int4 vs BF16                                gap <= 0.5%
+``..._stat2_topk_ef``         2-bit on the largest 20% of each tensor     gap <= 1%
+                              (``wire_topk``, EXTENSION) + error feedback
+                              vs BF16
+``..._stat2_topk``            the same without error feedback (the        gap > 1%
+                              control where plain 2-bit's does not show)
 ============================  ==========================================  ================
 
 Every run is one :func:`dipsjax.sim.simulator.simulate` of the tiny language model with the
@@ -41,10 +48,16 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.ladder import BASE, METHODS, _stats, run_all, runner_args  # noqa: E402
 
+#: The share of each tensor's values the top-k rows send (``wire_topk``).
+TOPK = 0.2
+
 WIRES = {
     "stat2_ef": dict(wire="stat2", error_feedback=True),
     "stat2": dict(wire="stat2"),
     "int4": dict(wire="int4"),
+    # EXTENSION: 2-bit on the largest TOPK of each tensor's values only (``wire_topk``)
+    "stat2_topk_ef": dict(wire="stat2", wire_topk=TOPK, error_feedback=True),
+    "stat2_topk": dict(wire="stat2", wire_topk=TOPK),
 }
 
 
@@ -74,7 +87,7 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
     seeds, h, r = range(args.seeds), args.h, args.rounds
     m = args.m
 
-    def pair(a: dict, b: dict) -> tuple[list[dict], list[dict]]:
+    def pair(a: dict, b: dict, h: int = h, r: int = r) -> tuple[list[dict], list[dict]]:
         return (
             [_run(**a, seed=s, h=h, rounds=r) for s in seeds],
             [_run(**b, seed=s, h=h, rounds=r) for s in seeds],
@@ -83,6 +96,16 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
     out = {
         "sync_vs_dp_m4": (
             *pair(dict(label="sync_diloco", m=m, eta=0.0), dict(label="dp", m=m, eta=0.0)),
+            dict(max_gap=0.04),
+        ),
+        # the same tokens in twice the rounds of half the inner steps
+        "sync_vs_dp_m4_half_h": (
+            *pair(
+                dict(label="sync_diloco", m=m, eta=0.0),
+                dict(label="dp", m=m, eta=0.0),
+                h=max(1, h // 2),
+                r=r * h // max(1, h // 2),
+            ),
             dict(max_gap=0.04),
         ),
         "sync_vs_dp_m1": (
@@ -115,6 +138,8 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
         "stat2_ef": dict(max_gap=0.01),
         "stat2": dict(min_gap=0.01),
         "int4": dict(max_gap=0.005),
+        "stat2_topk_ef": dict(max_gap=0.01),
+        "stat2_topk": dict(min_gap=0.01),
     }
     # Decoupled's codecs on K = M: K = 1 is itself far from K = M at eta 100 (the figure
     # above), and a codec's cost is measured against a run that trains well.

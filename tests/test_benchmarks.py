@@ -284,8 +284,13 @@ def test_ladder(tmp_path):
     assert abs(fig["ladder_sync_diloco_gap_m1"]) < 1e-3
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4 and (out / "ladder.md").is_file()
-    again = run_benchmark("ladder", "--tiny", "--out", str(out), timeout=120, tmp_path=tmp_path)
+    # again, reporting every result the folder holds: one row per method, M, H and rounds
+    args = ("--tiny", "--out", str(out), "--report-all")
+    again = run_benchmark("ladder", *args, timeout=120, tmp_path=tmp_path)
     assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 4
+    rows = [r for r in (out / "ladder.md").read_text().splitlines() if r.startswith("| ")][1:]
+    cells = {tuple(c.strip() for c in r.split("|")[1:5]) for r in rows}
+    assert cells == {(lb, m, "2", "2") for lb in ("dp", "sync_diloco") for m in ("1", "2")}
 
 
 def test_quality_tiny(tmp_path):

@@ -13,7 +13,7 @@ The summary, per method, M and H: the best (outer lr, momentum[, clip]) by mean 
 bits per byte over the seeds, its spread, and its gap to the best data-parallel run of the
 same M and tokens; the table goes to ``OUT/ladder.md`` and the plot to ``OUT/ladder.png``
 (``--report-all``: of every result in ``OUT``, all invocations so far, one row per
-method, M, H and rounds).
+method, M, H, rounds and eta).
 
 Run: ``.venv/bin/python benchmarks/ladder.py --out runs/ladder`` (the whole grid: hours on
 two cores); ``--tiny`` for the form the tests run (two rounds, one seed, M in {1, 2}).
@@ -144,40 +144,40 @@ def _stats(xs: list[float]) -> tuple[float, float]:
     return mean, spread
 
 
-def _rounds(r: dict) -> int:
-    """The outer rounds' worth of tokens a result's run had (its cell's budget)."""
+def _cell(r: dict) -> tuple:
+    """A result's cell: ``(label, M, H, rounds, eta)``, its rounds the outer rounds' worth
+    of tokens its run had."""
     cfg = json.loads(r["key"])["cfg"]
     per_round = cfg["learners"] * cfg["inner_steps"] * cfg["batch_size"] * cfg["seq_len"]
-    return round(cfg["token_budget"] / per_round)
+    return (r["label"], r["m"], r["h"], round(cfg["token_budget"] / per_round), cfg["eta"])
 
 
 def summarize(results: list[dict]) -> dict[tuple, dict]:
-    """Per (label, M, H, rounds): the best setting by mean bpb over seeds, and the gap to
-    DP of the same cell (the same tokens)."""
+    """Per (label, M, H, rounds, eta): the best setting by mean bpb over seeds, and the gap
+    to DP of the same cell (the same tokens)."""
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in results:
-        cell = (r["label"], r["m"], r["h"], _rounds(r))
-        cells[cell][json.dumps(r["axes"], sort_keys=True)].append(r["bpb"])
+        cells[_cell(r)][json.dumps(r["axes"], sort_keys=True)].append(r["bpb"])
     best = {}
     for cell, settings in cells.items():
         ranked = sorted(((*_stats(v), k, len(v)) for k, v in settings.items()), key=lambda x: x[0])
         mean, spread, axes, n = ranked[0]
         best[cell] = dict(mean=mean, spread=spread, axes=json.loads(axes), seeds=n)
-    for (label, m, h, rounds), b in best.items():
-        dp = best.get(("dp", m, h, rounds))
+    for (label, m, h, rounds, eta), b in best.items():
+        dp = best.get(("dp", m, h, rounds, eta))
         b["gap"] = (b["mean"] / dp["mean"] - 1.0) if dp and label != "dp" else 0.0
     return best
 
 
 def write_report(best: dict[tuple, dict], out: Path) -> None:
     lines = [
-        "| method | M | H | rounds | best setting | bpb (mean +- sd, seeds) | gap to DP |",
-        "|---|---|---|---|---|---|---|",
+        "| method | M | H | rounds | eta | best setting | bpb (mean +- sd, seeds) | gap to DP |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (label, m, h, rounds), b in sorted(best.items()):
+    for (label, m, h, rounds, eta), b in sorted(best.items()):
         setting = ", ".join(f"{k} {v}" for k, v in b["axes"].items())
         lines.append(
-            f"| {label} | {m} | {h} | {rounds} | {setting} | {b['mean']:.4f} +- "
+            f"| {label} | {m} | {h} | {rounds} | {eta:g} | {setting} | {b['mean']:.4f} +- "
             f"{b['spread']:.4f} ({b['seeds']}) | {100 * b['gap']:+.1f}% |"
         )
     (out / "ladder.md").write_text("\n".join(lines) + "\n")
@@ -190,14 +190,15 @@ def write_report(best: dict[tuple, dict], out: Path) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
+    lowest = min(c[4] for c in best)  # the plot shows the least heterogeneous cells
     for label in sorted({c[0] for c in best} - {"dp"}):
-        for h, rounds in sorted({(c[2], c[3]) for c in best if c[0] == label}):
-            ms = sorted(c[1] for c in best if c[0] == label and c[2:] == (h, rounds))
+        for h, rounds, eta in sorted({c[2:] for c in best if c[0] == label and c[4] == lowest}):
+            ms = sorted(c[1] for c in best if c[0] == label and c[2:] == (h, rounds, eta))
             ax.plot(
                 ms,
-                [100 * best[(label, m, h, rounds)]["gap"] for m in ms],
+                [100 * best[(label, m, h, rounds, eta)]["gap"] for m in ms],
                 marker="o",
-                label=f"{label} H={h}, {rounds} rounds",
+                label=f"{label} H={h}, {rounds} rounds, eta {eta:g}",
             )
     ax.set_xlabel("learners M")
     ax.set_ylabel("gap to tuned DP at equal tokens (%)")

@@ -289,8 +289,8 @@ def test_ladder(tmp_path):
     again = run_benchmark("ladder", *args, timeout=120, tmp_path=tmp_path)
     assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 4
     rows = [r for r in (out / "ladder.md").read_text().splitlines() if r.startswith("| ")][1:]
-    cells = {tuple(c.strip() for c in r.split("|")[1:5]) for r in rows}
-    assert cells == {(lb, m, "2", "2") for lb in ("dp", "sync_diloco") for m in ("1", "2")}
+    cells = {tuple(c.strip() for c in r.split("|")[1:6]) for r in rows}
+    assert cells == {(lb, m, "2", "2", "0") for lb in ("dp", "sync_diloco") for m in ("1", "2")}
 
 
 def test_quality_tiny(tmp_path):

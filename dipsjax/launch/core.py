@@ -55,9 +55,13 @@ class Requirements:
       cpu_devices: JAX CPU devices in each process (``JAX_NUM_CPU_DEVICES``): the learner's
         partition mesh spans them (``DIPSJAX_PARTITION_DEVICES``); None: one device, the
         process's environment unchanged (the simulator's arithmetic, bit for bit).
-      accelerators: device ids each of its processes may use on its host
-        (``CUDA_VISIBLE_DEVICES`` on GPUs, ``TPU_VISIBLE_CHIPS`` on TPUs); None: JAX runs
-        on the CPU (``JAX_PLATFORMS=cpu``).
+      accelerators: device ids each of its processes may use on its host; None: JAX runs
+        on the CPU (``JAX_PLATFORMS=cpu``). Where the executor places the process itself
+        (local) they are host ids (``CUDA_VISIBLE_DEVICES`` on GPUs; on TPUs the chips and
+        the bounds that split a host, :func:`tpu_split_env`); where a scheduler assigns the
+        devices (SLURM, Kubernetes) only their number counts: it is requested per process
+        (``--gpus-per-task``, ``nvidia.com/gpu`` / ``google.com/tpu``) and the scheduler
+        sets the visible devices (see :meth:`env`).
       platform: ``cpu``, ``gpu`` or ``tpu`` (with ``accelerators``).
       processes: processes of one partition (multi-host: ``jax.distributed`` inside the
         partition only; never one world across learners); each gets ``cpu_devices`` (1 if
@@ -89,22 +93,94 @@ class Requirements:
                 got = getattr(self, name)
                 raise ValueError(f"Requirements.{name} must be {allowed}, got {got!r}")
 
-    def env(self) -> dict[str, str]:
-        """The environment that gives a process these devices."""
+    @property
+    def partition_devices(self) -> int:
+        """The devices of the partition's mesh: ``cpu_devices`` (1 if not given) or
+        ``len(accelerators)``, times ``processes``."""
+        per = len(self.accelerators) if self.accelerators is not None else self.cpu_devices or 1
+        return per * self.processes
+
+    def env(self, scheduler_assigns: bool = False) -> dict[str, str]:
+        """The environment that gives a process these devices.
+
+        ``scheduler_assigns``: the executor's view of accelerators. False (the local
+        executor): ``accelerators`` are this host's device ids, and the process is told
+        them (``CUDA_VISIBLE_DEVICES``; on TPUs :func:`tpu_split_env`). True (SLURM,
+        Kubernetes): the scheduler assigns the devices and sets what the process sees
+        (SLURM's ``CUDA_VISIBLE_DEVICES``; in a pod the runtime exposes only its devices,
+        numbered from 0), so no device id is set here: a host id such as
+        ``CUDA_VISIBLE_DEVICES=4,5,6,7`` inside a pod of 4 GPUs would hide every one of
+        them. Either way ``JAX_PLATFORMS`` and ``DIPSJAX_PARTITION_DEVICES`` are set. CPU
+        partitions are the same in both views."""
         env = {}
         if self.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             if self.cpu_devices is not None or self.processes > 1:
                 per = self.cpu_devices or 1  # a spread partition: 1 device a process at least
                 env["JAX_NUM_CPU_DEVICES"] = str(per)
-                env["DIPSJAX_PARTITION_DEVICES"] = str(per * self.processes)
-        else:
-            ids = ",".join(str(i) for i in self.accelerators or ())
-            env["JAX_PLATFORMS"] = "cuda" if self.platform == "gpu" else "tpu"
-            env["CUDA_VISIBLE_DEVICES" if self.platform == "gpu" else "TPU_VISIBLE_CHIPS"] = ids
-            n = len(self.accelerators or ()) * self.processes
-            env["DIPSJAX_PARTITION_DEVICES"] = str(n)
+                env["DIPSJAX_PARTITION_DEVICES"] = str(self.partition_devices)
+            return env
+        env["JAX_PLATFORMS"] = "cuda" if self.platform == "gpu" else "tpu"
+        env["DIPSJAX_PARTITION_DEVICES"] = str(self.partition_devices)
+        if not scheduler_assigns:
+            ids = tuple(self.accelerators or ())
+            if self.platform == "gpu":
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
+            else:
+                env.update(tpu_split_env(ids))
         return env
+
+
+# The shape (x, y, z) of a TPU process's chips, by their number, as JAX's own multi-process
+# test harness splits one host (jax-ml/jax, jax/_src/test_multiprocess.py: 1 chip 1,1,1;
+# 2 chips 1,2,1; 4 chips 2,2,1; 8 chips, a whole 2x4 v6e host, 2,4,1).
+TPU_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+TPU_BASE_PORT = 8476  # libtpu's default process port
+
+
+def tpu_split_env(chips: tuple[int, ...]) -> dict[str, str]:
+    """The environment that gives one process ``chips`` of a TPU host, as a TPU world of
+    its own (a learner partition never shares a JAX world with another).
+
+    ``TPU_VISIBLE_CHIPS`` alone does not split a host: libtpu also needs the shape of the
+    process's chips and of its world, and a port of its own (two processes on the default
+    port collide). What is set follows JAX's multi-process test harness
+    (jax-ml/jax ``jax/_src/test_multiprocess.py``, which starts several TPU processes on one
+    host) and the JAX team's recipe for non-communicating processes on one Cloud TPU VM
+    (gist skye/f82ba45d2445bb19d53545538754f9a3, linked from jax-ml/jax#8809 and #14977,
+    which names the same settings by their older names ``TPU_VISIBLE_DEVICES`` and
+    ``TPU_MESH_CONTROLLER_ADDRESS`` / ``_PORT``; the harness's current names are used):
+
+    * ``TPU_VISIBLE_CHIPS``: the chips, e.g. ``4,5,6,7``;
+    * ``TPU_CHIPS_PER_PROCESS_BOUNDS``: their shape, :data:`TPU_CHIP_BOUNDS` (1, 2, 4 or 8
+      chips);
+    * ``TPU_PROCESS_BOUNDS=1,1,1`` and ``CLOUD_TPU_TASK_ID=0``: one process in its world;
+    * ``TPU_PROCESS_PORT`` = 8476 + the first chip, and ``TPU_PROCESS_ADDRESSES`` =
+      ``localhost:PORT``: a port per process, distinct for disjoint chips;
+    * ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` (as the harness sets it): libtpu otherwise refuses
+      to load in a second process of the host.
+
+    The chips must be 1, 2, 4 or 8 consecutive ids starting at a multiple of their number
+    (0-3 and 4-7, as the harness assigns them): other sets have no bounds there. Not run on
+    a TPU here (no TPU was available)."""
+    n = len(chips)
+    aligned = n in TPU_CHIP_BOUNDS and chips == tuple(range(chips[0], chips[0] + n))
+    if not aligned or chips[0] % n:
+        raise ValueError(
+            f"Requirements.accelerators must be 1, 2, 4 or 8 consecutive TPU chips starting at "
+            f"a multiple of their number (e.g. (0, 1, 2, 3) or (4, 5, 6, 7)) to split a TPU "
+            f"host, got {chips!r}"
+        )
+    port = TPU_BASE_PORT + chips[0]
+    return {
+        "TPU_VISIBLE_CHIPS": ",".join(str(c) for c in chips),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_CHIP_BOUNDS[n],
+        "TPU_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_PORT": str(port),
+        "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+        "CLOUD_TPU_TASK_ID": "0",
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+    }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +327,7 @@ def role_jobs(
         raise ValueError(f"learner requirements for learners {unknown}: only {spec.sim.learners}")
     for j in range(spec.sim.learners):
         r = per.get(j, default)
-        n = int(r.env().get("DIPSJAX_PARTITION_DEVICES", "1"))
+        n = r.partition_devices
         if n < 1 or spec.sim.batch_size % n:
             raise ValueError(
                 f"learner {j}: its partition has {n} devices, which must divide "

@@ -2,9 +2,13 @@
 
 One replicated job per role: ``leader`` (1), ``follower`` (one Job per shard) and
 ``learner`` (one Job per partition; learners whose requirements differ get a replicated
-job each, ``learner-{j}``). A partition spread over ``processes`` is an Indexed Job of
-that many pods, joined by ``jax.distributed`` with the first pod as coordinator. Every pod
-runs ``python -m dipsjax.launch.entry ROLE /dipsjax/config/spec.json``; its index is the
+job each, ``learner-{j}``). A learner's pod requests its accelerators by number
+(``nvidia.com/gpu`` / ``google.com/tpu``, ``len(Requirements.accelerators)``) and its
+environment names no device id: the pod's runtime assigns the devices, numbered from 0
+inside the pod, so learners that differ only in host ids share a replicated job. A
+partition spread over ``processes`` is an Indexed Job of that many pods, joined by
+``jax.distributed`` with the first pod as coordinator. Every pod runs ``python -m
+dipsjax.launch.entry ROLE /dipsjax/config/spec.json``; its index is the
 JobSet's job index (the downward API's ``jobset.sigs.k8s.io/job-index``). The run's spec
 is a ConfigMap, its credentials a Secret (the TLS certificates name the Services), and
 headless Services give the leader and each follower a stable name, ``NAME-leader`` and
@@ -76,6 +80,15 @@ def service(name: str, namespace: str, role: str, port: int, index: int | None =
     }
 
 
+def pod_requirements(r: Requirements) -> Requirements:
+    """``r`` as a pod sees it: its accelerators renumbered from 0 (a pod asks for a number
+    of devices, ``nvidia.com/gpu`` / ``google.com/tpu``, and its runtime assigns them), so
+    learners that differ only in host device ids share a replicated job."""
+    if r.accelerators is None:
+        return r
+    return dataclasses.replace(r, accelerators=tuple(range(len(r.accelerators))))
+
+
 @dataclasses.dataclass(frozen=True)
 class Kubernetes:
     """Settings of the manifest (``namespace``, the ``image`` with dipsjax and its corpus
@@ -111,7 +124,10 @@ class Kubernetes:
             resources["memory"] = f"{int(r.memory_gb * 1024)}Mi"
         if r.accelerators is not None:
             resources[ACCELERATOR_RESOURCE[r.platform]] = str(len(r.accelerators))
-        env = [{"name": k, "value": v} for k, v in sorted({**r.env(), **job.env}.items())]
+        # The pod's runtime assigns its devices (numbered from 0 inside the pod): the
+        # request says how many, the environment names none (Requirements.env).
+        own = r.env(scheduler_assigns=True)
+        env = [{"name": k, "value": v} for k, v in sorted({**own, **job.env}.items())]
         if permissions.group_access():  # the roles' files group-readable, as here
             env.append({"name": permissions.GROUP_ACCESS_ENV, "value": "1"})
         env.append(
@@ -201,8 +217,8 @@ class Kubernetes:
             )
         learners = experiment.by_role("learner")
         groups: dict[Requirements, list[Job]] = {}
-        for job in learners:
-            groups.setdefault(job.requirements, []).append(job)
+        for job in learners:  # host device ids mean nothing to a pod: only their number
+            groups.setdefault(pod_requirements(job.requirements), []).append(job)
         rjobs = [self._replicated_job("leader", experiment.job("leader"), 1, name)]
         followers = experiment.by_role("follower")
         rjobs.append(self._replicated_job("follower", followers[0], len(followers), name))

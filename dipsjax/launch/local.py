@@ -1,8 +1,10 @@
 """The local executor: one process per job on this machine (``dipsjax run``'s default).
 
 Each job runs as ``python -m MODULE RUN_DIR/spec.json ARGS`` in a session of its own, with
-its requirements' environment (``JAX_PLATFORMS``, ``JAX_NUM_CPU_DEVICES``,
-``CUDA_VISIBLE_DEVICES`` / ``TPU_VISIBLE_CHIPS``), a log file ``RUN_DIR/logs/NAME.log``,
+its requirements' environment (``JAX_PLATFORMS``, ``JAX_NUM_CPU_DEVICES``; for
+accelerators this host's device ids: ``CUDA_VISIBLE_DEVICES``, or the TPU chips and bounds
+that split a TPU host, :func:`dipsjax.launch.core.tpu_split_env`), a log file
+``RUN_DIR/logs/NAME.log``,
 and learners pinned to cores in turn (``Requirements.cpus`` cores each). Everything it
 started is stopped on exit: :meth:`Local.stop` (SIGTERM, then SIGKILL after a timeout)
 from the launcher's ``finally``, and, should the launcher itself be killed, the kernel's

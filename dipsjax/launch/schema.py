@@ -492,9 +492,11 @@ def check_partitions(block: Any, sim: sim_lib.SimConfig) -> None:
     * a partition's platform and accelerators agree (``launch.learners.J`` merged with
       ``launch.learner``);
     * a partition's devices (``cpu_devices``, or ``len(accelerators)`` on a GPU or TPU,
-      times ``processes``) divide ``sim.batch_size``: the batch is split over them.
+      times ``processes``) divide ``sim.batch_size``: the batch is split over them;
+    * a TPU partition has 1, 2, 4 or 8 chips a process (the shapes a TPU host splits
+      into, :data:`~dipsjax.launch.core.TPU_CHIP_BOUNDS`).
     """
-    from dipsjax.launch.core import Requirements
+    from dipsjax.launch.core import TPU_CHIP_BOUNDS, Requirements
 
     if block is None:
         return
@@ -526,7 +528,13 @@ def check_partitions(block: Any, sim: sim_lib.SimConfig) -> None:
             )
         if accelerators is not None:
             fields["accelerators"] = tuple(accelerators)
-        n = int(Requirements(**fields).env().get("DIPSJAX_PARTITION_DEVICES", "1"))
+            if platform == "tpu" and len(accelerators) not in TPU_CHIP_BOUNDS:
+                raise ConfigError(
+                    where("accelerators"),
+                    f"1, 2, 4 or 8 TPU chips a process (learner {j})",
+                    accelerators,
+                )
+        n = Requirements(**fields).partition_devices
         if n < 1 or sim.batch_size % n:
             per_process = "accelerators" if platform != "cpu" else "cpu_devices"
             # The field the partition's own block sets, else the one launch.learner sets.

@@ -16,6 +16,17 @@ script, on the job's first node:
 3. waits for the leader (it ends once the token budget is reached and every role got
    Stop), then for the others, and exits with the leader's code.
 
+GPUs: a learner component asks for its GPUs with ``--gpus-per-task=N`` (``N =
+len(Requirements.accelerators)``: each of the partition's ``processes`` tasks gets N GPUs),
+on its ``#SBATCH`` lines and again on its ``srun`` step (stated there as ``--cpus-per-task``
+is, which ``srun`` no longer inherits from ``sbatch``), so the scheduler assigns them and
+sets each task's
+``CUDA_VISIBLE_DEVICES``; the step's environment names no device id
+(``Requirements.env(scheduler_assigns=True)``), and the ids in ``accelerators`` are not
+used. TPUs are not SLURM resources (Cloud TPU VMs are not scheduled through GRES): a job
+with ``platform='tpu'`` is refused, as are GPUs for the leader or followers (they share
+component 0, whose tasks would all be given them).
+
 Each step logs to ``RUN_DIR/logs/NAME.log``. ``RUN_DIR`` must be on a file system every
 node sees. ``Slurm.cancel`` (``scancel``) ends every step. SLURM's backfill scheduler (the
 one that starts heterogeneous jobs) reserves whole nodes for each component, so the job
@@ -71,17 +82,41 @@ class Slurm:
     sbatch: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
-    def _component(self, tasks: int, cpus: int, memory_gb: float | None) -> list[str]:
+    def _component(
+        self, tasks: int, cpus: int, memory_gb: float | None, gpus: int = 0
+    ) -> list[str]:
         lines = [f"#SBATCH --ntasks={tasks}", f"#SBATCH --cpus-per-task={cpus}"]
+        if gpus:
+            lines.append(f"#SBATCH --gpus-per-task={gpus}")
         if memory_gb is not None:
             lines.append(f"#SBATCH --mem-per-cpu={max(1, int(memory_gb * 1024 / cpus))}M")
         if self.partition:
             lines.append(f"#SBATCH --partition={self.partition}")
         return lines
 
+    @staticmethod
+    def gpus(job: Job) -> int:
+        """The GPUs each task of ``job`` asks SLURM for (``--gpus-per-task``); refuses what
+        SLURM cannot be asked for, naming the field."""
+        r = job.requirements
+        if r.platform == "tpu":
+            raise ValueError(
+                f"{job.name}: Requirements.platform 'tpu' is not supported by the SLURM "
+                "executor (TPUs are not SLURM GRES): launch TPU learners with the Kubernetes "
+                "executor (google.com/tpu) or the local one on a TPU host"
+            )
+        if r.platform == "gpu" and job.role != "learner":
+            raise ValueError(
+                f"{job.name}: Requirements.accelerators for the {job.role} are not supported "
+                "by the SLURM executor (the leader and followers share component 0, whose "
+                "tasks would all get them); give GPUs to learners only"
+            )
+        return len(r.accelerators) if r.platform == "gpu" and r.accelerators else 0
+
     def _step(self, job: Job, group: int, spec: str, logs: Path) -> str:
         r = job.requirements
-        env = {**r.env(), **job.env}
+        env = {**r.env(scheduler_assigns=True), **job.env}
+        gpus = self.gpus(job)
         if r.processes > 1:  # JAX reads the rest from SLURM; a port per component, as
             # every component shares SLURM_JOB_ID (JAX's default port is made from it)
             env["DIPSJAX_NUM_PROCESSES"] = str(r.processes)
@@ -94,7 +129,8 @@ class Slurm:
         log = shlex.quote(str(logs / f"{job.name}.log"))
         srun = (
             f"srun --het-group={group} --ntasks={r.processes} --cpus-per-task={r.cpus} "
-            f"--overlap --job-name={job.name} --output={log} "
+            + (f"--gpus-per-task={gpus} " if gpus else "")
+            + f"--overlap --job-name={job.name} --output={log} "
             f"--open-mode=append --kill-on-bad-exit=1"
         )
         entry = f"{shlex.quote(self.python)} -m dipsjax.launch.entry {job.role} {spec}{index}"
@@ -124,7 +160,8 @@ class Slurm:
         ]
         for job in learners:
             r = job.requirements
-            head += ["#SBATCH hetjob", *self._component(r.processes, r.cpus, r.memory_gb)]
+            gpus = self.gpus(job)
+            head += ["#SBATCH hetjob", *self._component(r.processes, r.cpus, r.memory_gb, gpus)]
         body = [
             "set -uo pipefail",
             # The run's files 0600 and folders 0700 (group access: 0640/0750), the job

@@ -166,6 +166,13 @@ PARTITION_EXAMPLES = [
         ["launch.learner.platform='gpu'", "launch.learner.accelerators=(0, 1, 2)"],
         "launch.learner.accelerators",
     ),
+    (  # divides the batch, but a TPU host does not split into 3 chips
+        [
+            "launch.learners={'1': {'platform': 'tpu', 'accelerators': (0, 1, 2)}}",
+            "sim.batch_size=24",
+        ],
+        "launch.learners.1.accelerators",
+    ),
 ]
 
 

@@ -98,7 +98,7 @@ def test_learners_with_their_own_requirements_get_a_replicated_job_each(tmp_path
     assert c1["command"][-1] == "1"  # its own replicated job: the index is given
     assert c1["resources"]["limits"]["nvidia.com/gpu"] == "2"
     env = {e["name"]: e.get("value") for e in c1["env"]}
-    assert env["CUDA_VISIBLE_DEVICES"] == "0,1" and env["JAX_PLATFORMS"] == "cuda"
+    assert "CUDA_VISIBLE_DEVICES" not in env and env["JAX_PLATFORMS"] == "cuda"
     # Spread over 2 pods (an Indexed Job), the first the partition's JAX coordinator; the
     # variable it names must come before it (Kubernetes expands $(VAR) of earlier ones).
     job1 = rjobs["learner-1"]["template"]["spec"]
@@ -113,6 +113,49 @@ def test_learners_with_their_own_requirements_get_a_replicated_job_each(tmp_path
     assert names.index("JOBSET_JOB_INDEX") < names.index("DIPSJAX_COORDINATOR")
     c0 = rjobs["learner-0"]["template"]["spec"]["template"]["spec"]["containers"][0]
     assert "DIPSJAX_NUM_PROCESSES" not in {e["name"] for e in c0["env"]}
+
+
+def test_gpu_and_tpu_pods_request_their_devices_and_name_no_host_device_ids(tmp_path):
+    """One host of 8 GPUs as 2 learners: each learner pod requests 4 GPUs and its runtime
+    assigns them (numbered 0-3 inside the pod), so no host id is set: CUDA_VISIBLE_DEVICES
+    =4,5,6,7 inside a pod of 4 GPUs would hide all of them. The learners differ only in
+    host ids, so they share one replicated job of 2."""
+    sim = SimConfig(learners=2, followers=1)
+    ex = k8s.Kubernetes()
+    gpu = {
+        j: Requirements(platform="gpu", accelerators=tuple(range(4 * j, 4 * j + 4))) for j in (0, 1)
+    }
+    exp = k8s.prepare(sim, "gpus", tmp_path / "g", ex, learners=gpu)
+    rjobs = {
+        r["name"]: r
+        for r in _jobset(ex.manifests(exp, tmp_path / "g" / "credentials"))["spec"][
+            "replicatedJobs"
+        ]
+    }
+    assert rjobs["learner"]["replicas"] == 2 and "learner-1" not in rjobs
+    (c,) = rjobs["learner"]["template"]["spec"]["template"]["spec"]["containers"]
+    assert (
+        c["resources"]["requests"]["nvidia.com/gpu"]
+        == c["resources"]["limits"]["nvidia.com/gpu"]
+        == "4"
+    )
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["JAX_PLATFORMS"] == "cuda" and env["DIPSJAX_PARTITION_DEVICES"] == "4"
+    assert not {"CUDA_VISIBLE_DEVICES", "TPU_VISIBLE_CHIPS"} & set(env)
+    # A TPU slice per learner: the pod requests its chips; GKE's TPU runtime sets the rest.
+    tpu = Requirements(platform="tpu", accelerators=(0, 1, 2, 3))
+    exp = k8s.prepare(sim, "tpus", tmp_path / "t", ex, learner=tpu)
+    rjobs = {
+        r["name"]: r
+        for r in _jobset(ex.manifests(exp, tmp_path / "t" / "credentials"))["spec"][
+            "replicatedJobs"
+        ]
+    }
+    (c,) = rjobs["learner"]["template"]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["google.com/tpu"] == "4"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["JAX_PLATFORMS"] == "tpu" and env["DIPSJAX_PARTITION_DEVICES"] == "4"
+    assert not [k for k in env if k.startswith("TPU_") or k == "CUDA_VISIBLE_DEVICES"]
 
 
 def test_a_manifest_the_schemas_refuse_is_not_written(tmp_path):

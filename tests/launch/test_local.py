@@ -67,6 +67,53 @@ def test_role_jobs_name_every_role_with_its_command_and_requirements(tmp_path):
         role_jobs(spec, learners={5: fat})
 
 
+def test_the_local_executor_gives_host_device_ids_and_splits_a_tpu_host():
+    """Locally the ids are this host's: 8 GPUs as 2 learners see 0-3 and 4-7. A TPU host
+    split between processes needs more than TPU_VISIBLE_CHIPS: the shape of each
+    process's chips, a world of one process and a port each (core.tpu_split_env)."""
+    from dipsjax.launch.core import tpu_split_env
+
+    halves = [
+        Requirements(platform="gpu", accelerators=tuple(range(4 * j, 4 * j + 4))) for j in (0, 1)
+    ]
+    assert [r.env()["CUDA_VISIBLE_DEVICES"] for r in halves] == ["0,1,2,3", "4,5,6,7"]
+    assert [r.env()["DIPSJAX_PARTITION_DEVICES"] for r in halves] == ["4", "4"]
+    quarters = [Requirements(platform="gpu", accelerators=(2 * j, 2 * j + 1)) for j in range(4)]
+    assert [r.env()["CUDA_VISIBLE_DEVICES"] for r in quarters] == ["0,1", "2,3", "4,5", "6,7"]
+    # Where a scheduler assigns the devices, no id is set (the same for CPU partitions).
+    assert halves[1].env(scheduler_assigns=True) == {
+        "JAX_PLATFORMS": "cuda",
+        "DIPSJAX_PARTITION_DEVICES": "4",
+    }
+    cpu = Requirements(cpu_devices=2, processes=2)
+    assert cpu.env(scheduler_assigns=True) == cpu.env()
+    # TPU: an 8-chip host as 2 learners of 4 chips (2x2 each) and a 4-chip host as 4 of 1.
+    for chips, bounds, port in [
+        ((0, 1, 2, 3), "2,2,1", 8476),
+        ((4, 5, 6, 7), "2,2,1", 8480),
+        ((2, 3), "1,2,1", 8478),
+        ((3,), "1,1,1", 8479),
+        (tuple(range(8)), "2,4,1", 8476),
+    ]:
+        env = Requirements(platform="tpu", accelerators=chips).env()
+        assert env == {
+            "JAX_PLATFORMS": "tpu",
+            "DIPSJAX_PARTITION_DEVICES": str(len(chips)),
+            "TPU_VISIBLE_CHIPS": ",".join(map(str, chips)),
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": bounds,
+            "TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_PORT": str(port),
+            "TPU_PROCESS_ADDRESSES": f"localhost:{port}",
+            "CLOUD_TPU_TASK_ID": "0",
+            "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+        }
+        x, y, z = map(int, bounds.split(","))
+        assert x * y * z == len(chips)  # the bounds hold exactly the chips
+    for bad in [(0, 1, 2), (1, 2), (0, 2), (2, 3, 4, 5)]:
+        with pytest.raises(ValueError, match=r"Requirements.accelerators must be 1, 2, 4 or 8"):
+            tpu_split_env(bad)
+
+
 @pytest.mark.parametrize(
     "fields,match",
     [

@@ -91,6 +91,45 @@ def test_the_batch_script_is_a_heterogeneous_job_with_a_step_per_role(tmp_path):
     assert steps[4].endswith(f"-m dipsjax.launch.entry learner {tmp_path}/spec.json 1 &")
 
 
+def test_gpu_learners_ask_slurm_for_their_gpus_and_their_steps_name_no_device_ids(tmp_path):
+    """One host of 8 GPUs as 2 learners: each learner component and its step ask for 4 GPUs
+    a task; SLURM assigns them and sets CUDA_VISIBLE_DEVICES itself, so the script names no
+    host device id (4,5,6,7 would be wrong wherever SLURM placed the task)."""
+    sim = SimConfig(learners=2, followers=1)
+    spec = RunSpec(sim, "127.0.0.1:5000", ("127.0.0.1:6000",), "", str(tmp_path), (0, 0), 4)
+    gpu = {
+        j: Requirements(platform="gpu", accelerators=tuple(range(4 * j, 4 * j + 4))) for j in (0, 1)
+    }
+    exp = Experiment("t", spec).add(role_jobs(spec, learners=gpu))
+    script = Slurm().script(exp)
+    comps = script.split("#SBATCH hetjob")
+    assert "--gpus-per-task" not in comps[0]  # the syncer: no JAX device
+    for comp in comps[1:]:
+        assert "#SBATCH --gpus-per-task=4" in comp.splitlines()
+    steps = {x.split()[1]: x for x in script.splitlines() if x.startswith("role ")}
+    for name in ("learner0", "learner1"):
+        assert " --gpus-per-task=4 " in steps[name]
+        assert "JAX_PLATFORMS=cuda" in steps[name] and "DIPSJAX_PARTITION_DEVICES=4" in steps[name]
+    assert "--gpus-per-task" not in steps["leader"] + steps["follower0"]
+    assert "CUDA_VISIBLE_DEVICES" not in script
+    # A spread GPU partition: 2 tasks of 2 GPUs each, a mesh of 4.
+    spread = Requirements(platform="gpu", accelerators=(0, 1), processes=2)
+    script = Slurm().script(Experiment("t", spec).add(role_jobs(spec, learner=spread)))
+    step = next(x for x in script.splitlines() if x.startswith("role learner1 "))
+    assert "--ntasks=2 --cpus-per-task=1 --gpus-per-task=2 " in step
+    assert "DIPSJAX_PARTITION_DEVICES=4" in step
+    # TPUs are not SLURM resources, and the syncer's component cannot hold GPUs: refused,
+    # the field named.
+    tpu = Requirements(platform="tpu", accelerators=(0, 1, 2, 3))
+    with pytest.raises(
+        ValueError, match=r"learner0: Requirements\.platform 'tpu' is not supported"
+    ):
+        Slurm().script(Experiment("t", spec).add(role_jobs(spec, learner=tpu)))
+    follower = Requirements(platform="gpu", accelerators=(0,))
+    with pytest.raises(ValueError, match=r"follower0: Requirements\.accelerators for the follower"):
+        Slurm().script(Experiment("t", spec).add(role_jobs(spec, follower=follower)))
+
+
 def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slurm, tmp_path):
     run = tmp_path / "run"
     cmd = [

@@ -73,7 +73,7 @@ def wire(codec: str, payload: dict, topk: float | None = None) -> dict:
     nearest even: bit-identical to :func:`dipsjax.outer.encode` then ``decode``, and about
     ten times faster than their op-by-op dispatch on a small model's many tensors).
     ``topk`` (EXTENSION, without error feedback the control of its ablation): only each
-    leaf's ``ceil(topk * n)`` largest-magnitude values are coded, the rest sent as zero
+    leaf's ``ceil(topk * n)`` largest-magnitude values are coded, the rest zeroed before coding
     (:func:`sparsify`)."""
     if topk is not None:
         return outer.decode_tree(encode_tree(payload, codec, topk))

@@ -564,7 +564,7 @@ class LearnerNode:
 
     def encoded(self, round_id: int, delta: dict) -> dict:
         """The push's tensors by path: arrays the data plane encodes in the ``wire`` codec,
-        or, under ``stat2`` or error feedback, the learner's own encoding
+        or, under ``stat2``, ``wire_topk`` or error feedback, the learner's own encoding
         (:class:`~dipsjax.outer.Encoded` leaves, norms and embeddings BF16 under ``stat2``:
         :func:`dipsjax.outer.encode_tree`, the simulator's), sent as they are."""
         cfg = self.spec.sim

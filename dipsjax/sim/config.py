@@ -91,10 +91,11 @@ class SimConfig:
     process starts from a zero residual: :mod:`dipsjax.runtime.learner`); ``wire="stat2"``
     (the statistical 2-bit codec, :mod:`dipsjax.outer._codecs`; norms and embeddings go as
     BF16); ``wire_topk`` (a fraction in (0, 1]: only each tensor's ``ceil(wire_topk * n)``
-    largest-magnitude values are coded, the others sent as zero, :func:`dipsjax.outer.top_k`;
-    with ``error_feedback`` the withheld values stay in the residual, without it they are
-    lost, which is the control of the error-feedback ablation. The wire is priced as the
-    dense codec: the positions' coding is not implemented).
+    largest-magnitude values are coded, the others zeroed before coding,
+    :func:`dipsjax.outer.top_k`; with ``error_feedback`` the withheld values stay in the
+    residual, without it they are lost, which is the control of the error-feedback
+    ablation. The wire is priced as the dense codec: the positions' coding is not
+    implemented).
     """
 
     method: str = "dips"
@@ -227,6 +228,11 @@ class SimConfig:
                 self.wire_topk is None or 0 < self.wire_topk <= 1,
                 "wire_topk",
                 "a fraction in (0, 1] or None",
+            ),
+            (
+                self.wire_topk is None or self.method not in ("dp", "async_diloco"),
+                "wire_topk",
+                "None with method dp or async_diloco (they do not carry it)",
             ),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (

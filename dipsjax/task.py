@@ -37,9 +37,9 @@ batch counts the same ``tokens_per_batch`` in the job's books (the "tokens" of a
 task are whatever unit it counts: examples, pixels, ...).
 
 Sharding. On a partition mesh the learner places every leaf of a batch with its leading
-axis split over the mesh's ``data`` axis, and parameters as their NNX sharding annotations
-say. A loss may read :func:`activation_sharding` (the ``[batch, ...]`` sharding of the
-partition, ``None`` unsharded) to constrain its activations.
+axis split over the mesh's batch axes (``data`` and ``fsdp``), and parameters as their NNX
+sharding annotations say. A loss may read :func:`activation_sharding` (the ``[batch,
+...]`` sharding of the partition, ``None`` unsharded) to constrain its activations.
 """
 
 from __future__ import annotations

@@ -66,6 +66,10 @@ class Requirements:
       processes: processes of one partition (multi-host: ``jax.distributed`` inside the
         partition only; never one world across learners); each gets ``cpu_devices`` (1 if
         not given) CPU devices or its ``accelerators``.
+      mesh_data, mesh_tensor: the partition mesh's plain data-parallel and tensor-parallel
+        axes; its ``fsdp`` axis takes the rest of the partition's devices
+        (:func:`dipsjax.learner.mesh.mesh_shape`; the default: every device on ``fsdp``).
+        The learner reads the shape from ``DIPSJAX_PARTITION_MESH``.
     """
 
     cpus: int = 1
@@ -74,6 +78,8 @@ class Requirements:
     accelerators: tuple[int, ...] | None = None
     platform: str = "cpu"
     processes: int = 1
+    mesh_data: int = 1
+    mesh_tensor: int = 1
 
     def __post_init__(self) -> None:
         checks = [
@@ -87,11 +93,15 @@ class Requirements:
                 "device ids exactly when platform is 'gpu' or 'tpu'",
             ),
             (self.processes >= 1, "processes", "an integer >= 1"),
+            (self.mesh_data >= 1, "mesh_data", "an integer >= 1"),
+            (self.mesh_tensor >= 1, "mesh_tensor", "an integer >= 1"),
         ]
         for ok, name, allowed in checks:
             if not ok:
                 got = getattr(self, name)
                 raise ValueError(f"Requirements.{name} must be {allowed}, got {got!r}")
+        if (self.mesh_data, self.mesh_tensor) != (1, 1):
+            self.mesh_shape  # noqa: B018  (raises, naming the axes, if they do not fit)
 
     @property
     def partition_devices(self) -> int:
@@ -99,6 +109,16 @@ class Requirements:
         ``len(accelerators)``, times ``processes``."""
         per = len(self.accelerators) if self.accelerators is not None else self.cpu_devices or 1
         return per * self.processes
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """The partition mesh's ``(data, fsdp, tensor)`` over :attr:`partition_devices`."""
+        from dipsjax.learner.mesh import mesh_shape
+
+        try:
+            return mesh_shape(self.partition_devices, data=self.mesh_data, tensor=self.mesh_tensor)
+        except ValueError as e:
+            raise ValueError(f"Requirements.mesh_data / mesh_tensor: {e}") from None
 
     def env(self, scheduler_assigns: bool = False) -> dict[str, str]:
         """The environment that gives a process these devices.
@@ -110,9 +130,12 @@ class Requirements:
         (SLURM's ``CUDA_VISIBLE_DEVICES``; in a pod the runtime exposes only its devices,
         numbered from 0), so no device id is set here: a host id such as
         ``CUDA_VISIBLE_DEVICES=4,5,6,7`` inside a pod of 4 GPUs would hide every one of
-        them. Either way ``JAX_PLATFORMS`` and ``DIPSJAX_PARTITION_DEVICES`` are set. CPU
-        partitions are the same in both views."""
+        them. Either way ``JAX_PLATFORMS`` and ``DIPSJAX_PARTITION_DEVICES`` are set, and
+        ``DIPSJAX_PARTITION_MESH`` (``data,fsdp,tensor``) where the mesh is not all ``fsdp``.
+        CPU partitions are the same in both views."""
         env = {}
+        if (self.mesh_data, self.mesh_tensor) != (1, 1):
+            env["DIPSJAX_PARTITION_MESH"] = ",".join(str(n) for n in self.mesh_shape)
         if self.platform == "cpu":
             env["JAX_PLATFORMS"] = "cpu"
             if self.cpu_devices is not None or self.processes > 1:
@@ -327,11 +350,13 @@ def role_jobs(
         raise ValueError(f"learner requirements for learners {unknown}: only {spec.sim.learners}")
     for j in range(spec.sim.learners):
         r = per.get(j, default)
-        n = r.partition_devices
-        if n < 1 or spec.sim.batch_size % n:
+        data, fsdp, _ = r.mesh_shape
+        n = data * fsdp  # the batch is split over data x fsdp
+        if spec.sim.batch_size % n:
             raise ValueError(
-                f"learner {j}: its partition has {n} devices, which must divide "
-                f"sim.batch_size ({spec.sim.batch_size}): the batch is split over them"
+                f"learner {j}: its partition splits the batch over {n} devices (data x fsdp "
+                f"of its mesh {r.mesh_shape}), which must divide sim.batch_size "
+                f"({spec.sim.batch_size})"
             )
     jobs = [role_job("leader", 0, leader)]
     jobs += [role_job("follower", k, follower) for k in range(len(spec.followers))]

@@ -272,6 +272,8 @@ REQUIREMENTS: dict[str, Rule] = {
     "accelerators": Optional(Seq(Int(0, 4095), 4096)),
     "platform": OneOf(("cpu", "gpu", "tpu")),
     "processes": Int(1, 4096),
+    "mesh_data": Int(1, 4096),
+    "mesh_tensor": Int(1, 4096),
 }
 
 #: :class:`~dipsjax.launch.slurm.Slurm` fields (``launch.slurm``).
@@ -468,6 +470,13 @@ def check_launch(block: Any) -> None:
                     f"device ids exactly when launch.{key}.platform is 'gpu' or 'tpu'",
                     req.get("accelerators"),
                 )
+            for name in ("mesh_data", "mesh_tensor"):
+                if key != "learner" and req.get(name, 1) != 1:
+                    raise ConfigError(
+                        f"launch.{key}.{name}",
+                        "1: only a learner's partition has a mesh",
+                        req[name],
+                    )
         elif key == "learners":
             if not isinstance(value, Mapping):
                 raise ConfigError("launch.learners", "{'J': Requirements fields}", value)
@@ -492,7 +501,9 @@ def check_partitions(block: Any, sim: sim_lib.SimConfig) -> None:
     * a partition's platform and accelerators agree (``launch.learners.J`` merged with
       ``launch.learner``);
     * a partition's devices (``cpu_devices``, or ``len(accelerators)`` on a GPU or TPU,
-      times ``processes``) divide ``sim.batch_size``: the batch is split over them;
+      times ``processes``) divide ``sim.batch_size``: the batch is split over them
+      (over those ``mesh_tensor`` leaves, where it is set);
+    * ``mesh_data x mesh_tensor`` divides the partition's devices (``fsdp`` takes the rest);
     * a TPU partition has 1, 2, 4 or 8 chips a process (the shapes a TPU host splits
       into, :data:`~dipsjax.launch.core.TPU_CHIP_BOUNDS`).
     """
@@ -534,8 +545,26 @@ def check_partitions(block: Any, sim: sim_lib.SimConfig) -> None:
                     f"1, 2, 4 or 8 TPU chips a process (learner {j})",
                     accelerators,
                 )
+        mesh = {k: fields.pop(k) for k in ("mesh_data", "mesh_tensor") if k in fields}
         n = Requirements(**fields).partition_devices
-        if n < 1 or sim.batch_size % n:
+        data, tensor = mesh.get("mesh_data", 1), mesh.get("mesh_tensor", 1)
+        if n % (data * tensor):
+            named = next((k for k in ("mesh_tensor", "mesh_data") if k in own), None)
+            named = named or ("mesh_tensor" if "mesh_tensor" in mesh else "mesh_data")
+            raise ConfigError(
+                where(named),
+                f"such that {where('mesh_data')} x {where('mesh_tensor')} ({data} x {tensor}) "
+                f"divides learner {j}'s partition devices ({n}): the fsdp axis takes the rest",
+                mesh.get(named, 1),
+            )
+        if tensor > 1 and sim.batch_size % (n // tensor):
+            raise ConfigError(
+                where("mesh_tensor"),
+                f"such that learner {j}'s batch devices (data x fsdp = {n} / {tensor}) divide "
+                f"sim.batch_size ({sim.batch_size}): the batch is split over them",
+                tensor,
+            )
+        if n < 1 or (tensor == 1 and sim.batch_size % n):
             per_process = "accelerators" if platform != "cpu" else "cpu_devices"
             # The field the partition's own block sets, else the one launch.learner sets.
             options = (per_process, "processes")

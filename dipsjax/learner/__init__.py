@@ -1,9 +1,11 @@
 """The learner: one partition's sharded inner loop (AdamW steps) and its contributions."""
 
 from dipsjax.learner.mesh import (
+    BATCH_AXES,
     MESH_AXES,
     batch_sharding,
     make_partition_mesh,
+    mesh_shape,
     replicated,
     shardings_for,
     split_devices,
@@ -28,6 +30,7 @@ from dipsjax.learner.step import (
 )
 
 __all__ = [
+    "BATCH_AXES",
     "MESH_AXES",
     "REFERENCES",
     "Contribution",
@@ -41,6 +44,7 @@ __all__ = [
     "evaluate",
     "make_inner_optimizer",
     "make_partition_mesh",
+    "mesh_shape",
     "params_from_dict",
     "params_to_dict",
     "pseudo_gradient",

@@ -1,9 +1,17 @@
 """Partition meshes and the shardings derived from parameter annotations.
 
 A *partition* (one learner; a cluster, slice or host in the papers) trains over its own
-device mesh with axes ``("data", "model")``: ``data`` shards the batch and (FSDP-style)
-the ``embed`` dimension of every weight, ``model`` shards heads, MLP and vocabulary
-(tensor parallel), following :data:`dipsjax.model.LOGICAL_AXIS_RULES`.
+device mesh with axes ``("data", "fsdp", "tensor")``, as MaxText names them:
+
+* ``data``: plain data parallelism: the batch is split, parameters and optimizer state are
+  replicated;
+* ``fsdp``: the batch is split *and* the ``embed`` dimension of every weight (with its
+  AdamW moments) is sharded (FSDP / ZeRO-3: weights are gathered where they are used);
+* ``tensor``: heads, MLP and vocabulary are sharded (Megatron-style tensor parallelism);
+  the batch is not split over it.
+
+The logical axes the parameters carry are mapped to these by
+:data:`dipsjax.model.LOGICAL_AXIS_RULES`. The default mesh puts every device on ``fsdp``.
 
 Axis types are :attr:`jax.sharding.AxisType.Auto` on purpose: the train step is a pure
 function whose inputs and outputs carry ``NamedSharding``\\ s, and the compiler (GSPMD /
@@ -25,25 +33,54 @@ import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-#: The two axes of every partition mesh.
-MESH_AXES: tuple[str, str] = ("data", "model")
+#: The three axes of every partition mesh.
+MESH_AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
+#: The axes a batch's leading dimension is split over.
+BATCH_AXES: tuple[str, str] = ("data", "fsdp")
+
+
+def mesh_shape(
+    devices: int, *, data: int = 1, fsdp: int | None = None, tensor: int = 1
+) -> tuple[int, int, int]:
+    """The ``(data, fsdp, tensor)`` sizes of a mesh over ``devices`` devices; ``fsdp=None``
+    takes the devices ``data`` and ``tensor`` leave. Errors name the axis at fault."""
+    for name, v in (("data", data), ("tensor", tensor)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"partition mesh: {name} must be an integer >= 1, got {v!r}")
+    if fsdp is None:
+        if devices % (data * tensor):
+            raise ValueError(
+                f"partition mesh: data x tensor ({data} x {tensor}) must divide the "
+                f"partition's {devices} devices"
+            )
+        fsdp = devices // (data * tensor)
+    if not isinstance(fsdp, int) or isinstance(fsdp, bool) or fsdp < 1:
+        raise ValueError(f"partition mesh: fsdp must be an integer >= 1, got {fsdp!r}")
+    if data * fsdp * tensor != devices:
+        raise ValueError(
+            f"partition mesh: data x fsdp x tensor ({data} x {fsdp} x {tensor}) must equal "
+            f"the partition's {devices} devices"
+        )
+    return data, fsdp, tensor
 
 
 def make_partition_mesh(
     devices: Sequence[jax.Device] | None = None,
     *,
-    data: int | None = None,
-    model: int = 1,
+    data: int = 1,
+    fsdp: int | None = None,
+    tensor: int = 1,
 ) -> Mesh:
-    """A ``(data, model)`` mesh over exactly ``devices`` (default: all local devices).
+    """A ``(data, fsdp, tensor)`` mesh over exactly ``devices`` (default: all local devices).
 
     Args:
       devices: the partition's devices; their order is kept (row-major: neighbours along
-        ``model`` are consecutive).
-      data: size of the ``data`` axis; ``None`` means ``len(devices) // model``.
-      model: size of the ``model`` (tensor-parallel) axis.
+        ``tensor`` are consecutive, then along ``fsdp``).
+      data: size of the plain data-parallel axis.
+      fsdp: size of the FSDP axis; ``None``: the devices ``data`` and ``tensor`` leave.
+      tensor: size of the tensor-parallel axis.
 
-    Both axes are ``AxisType.Auto`` (see the module docstring; with ``Explicit`` axes the
+    All axes are ``AxisType.Auto`` (see the module docstring; with ``Explicit`` axes the
     embedding gather, for one, would need an explicit ``out_sharding``).
     """
     devs = list(jax.local_devices() if devices is None else devices)
@@ -51,22 +88,9 @@ def make_partition_mesh(
         raise ValueError("make_partition_mesh needs at least one device")
     if len({d.id for d in devs}) != len(devs):
         raise ValueError("make_partition_mesh: devices must be distinct")
-    if not isinstance(model, int) or model < 1 or len(devs) % model:
-        raise ValueError(
-            f"make_partition_mesh: model must be an integer >= 1 dividing the number of "
-            f"devices ({len(devs)}), got {model!r}"
-        )
-    if data is None:
-        data = len(devs) // model
-    if not isinstance(data, int) or data < 1 or data * model != len(devs):
-        raise ValueError(
-            f"make_partition_mesh: data * model must equal the number of devices "
-            f"({len(devs)}), got data={data!r}, model={model}"
-        )
-    grid = np.empty((data, model), dtype=object)
-    for i, d in enumerate(devs):
-        grid[i // model, i % model] = d
-    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto, AxisType.Auto))
+    shape = mesh_shape(len(devs), data=data, fsdp=fsdp, tensor=tensor)
+    grid = np.array(devs, dtype=object).reshape(shape)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def split_devices(
@@ -86,7 +110,7 @@ def split_devices(
 def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
     """Drops mesh axes from dimensions they do not divide evenly (those stay replicated).
 
-    JAX requires even tiling; e.g. the byte vocabulary (260) over ``model = 8`` is kept
+    JAX requires even tiling; e.g. the byte vocabulary (260) over ``tensor = 8`` is kept
     whole. The rule is generic (per dimension), never chosen per array.
     """
     sizes = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
@@ -122,8 +146,8 @@ def shardings_for(tree: Any, mesh: Mesh) -> Any:
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Batches (every leaf: token batches ``[batch, seq + 1]``, a task's arrays) are split
-    over ``data`` along their leading (batch) axis."""
-    return NamedSharding(mesh, PartitionSpec("data"))
+    over ``data`` and ``fsdp`` (:data:`BATCH_AXES`) along their leading (batch) axis."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

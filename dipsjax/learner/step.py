@@ -34,7 +34,13 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from dipsjax.inner import InnerOptimizerConfig
-from dipsjax.learner.mesh import batch_sharding, put_host, replicated, shardings_for
+from dipsjax.learner.mesh import (
+    BATCH_AXES,
+    batch_sharding,
+    put_host,
+    replicated,
+    shardings_for,
+)
 from dipsjax.model.configs import ModelConfig
 from dipsjax.model.llama import Llama
 from dipsjax.task import activation_sharding, activations_sharded
@@ -228,7 +234,7 @@ def _inner_functions(
         nnx.eval_shape(lambda: factory(nnx.Rngs(0))), "the task's model"
     )
     abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    act = None if mesh is None else NamedSharding(mesh, PartitionSpec("data"))
+    act = None if mesh is None else NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
     def loss_fn(params, batch):
         with activations_sharded(act):
@@ -313,7 +319,7 @@ class InnerStep:
 
     Example::
 
-        mesh = make_partition_mesh(jax.devices()[:4], model=2)
+        mesh = make_partition_mesh(jax.devices()[:4], tensor=2)
         inner = InnerStep(get_config("tiny"), InnerOptimizerConfig(), mesh=mesh)
         params = inner.init_params(0)
         opt_state = inner.init_opt_state(params)

@@ -15,11 +15,11 @@ Block ``l`` (pre-norm residual, Touvron et al. 2023; Di-PS seed 000 sec. 16 trai
 
 Sharding: every parameter carries *logical* axis names through ``nnx.with_partitioning``
 (``table_vocab``, ``table_embed``, ``vocab``, ``embed``, ``heads``, ``kv_heads``, ``mlp``,
-``norm``) plus the rules
-:data:`LOGICAL_AXIS_RULES` mapping them to the partition mesh axes ``data`` (FSDP-style
-sharding of the model dimension) and ``model`` (tensor parallel over heads, MLP and
-vocabulary). Shardings are derived from this metadata with ``nnx.get_named_sharding``
-(see :func:`dipsjax.learner.mesh.param_shardings`); nothing is built per array by hand.
+``norm``) plus the rules :data:`LOGICAL_AXIS_RULES` mapping them to the partition mesh
+axes ``fsdp`` (FSDP-style sharding of the model dimension) and ``tensor`` (tensor
+parallel over heads, MLP and vocabulary); ``data`` replicates. Shardings are derived from
+this metadata (see :func:`dipsjax.learner.mesh.shardings_for`); nothing is built per
+array by hand.
 Parameters are created unsharded (``eager_sharding=False``) so a model can be built
 outside any mesh; the learner materialises them directly sharded with ``jax.jit``.
 """
@@ -34,19 +34,21 @@ from flax import nnx
 
 from dipsjax.model.configs import ModelConfig
 
-#: Logical axis -> mesh axis. ``embed`` is sharded over ``data`` (parameters and AdamW
-#: state are spread over the data-parallel devices, FSDP/ZeRO-3 style); heads, MLP and
-#: vocabulary over ``model`` (Megatron-style tensor parallelism). The embedding table is
-#: sharded on its rows only, over both axes: with its ``embed`` dimension over ``data`` the
-#: backward scatter of a batch-sharded lookup would need a full rematerialisation.
+#: Logical axis -> partition mesh axis (``data``, ``fsdp``, ``tensor``:
+#: :mod:`dipsjax.learner.mesh`). ``embed`` is sharded over ``fsdp`` (parameters and AdamW
+#: state spread over those devices, FSDP/ZeRO-3 style); heads, MLP and vocabulary over
+#: ``tensor`` (Megatron-style tensor parallelism); nothing over ``data`` (replicated). The
+#: embedding table is sharded on its rows only, over both: with its ``embed`` dimension over
+#: ``fsdp`` the backward scatter of a batch-sharded lookup would need a full
+#: rematerialisation.
 LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("table_vocab", ("model", "data")),
+    ("table_vocab", ("tensor", "fsdp")),
     ("table_embed", None),
-    ("vocab", "model"),
-    ("embed", "data"),
-    ("heads", "model"),
-    ("kv_heads", "model"),
-    ("mlp", "model"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
     ("norm", None),
 )
 
@@ -229,7 +231,7 @@ class Llama(nnx.Module):
           tokens: int ``[batch, seq]``.
           activation_sharding: optional sharding of the residual stream ``[batch, seq,
             d_model]``, imposed after the embedding and after every block (the learner
-            passes ``P("data", None, None)`` on its mesh, so FSDP-sharded weights are
+            passes ``P(("data", "fsdp"), None, None)`` on its mesh, so FSDP-sharded weights are
             gathered rather than activations resharded). The model never reads a mesh.
         """
         positions = jnp.arange(tokens.shape[-1], dtype=jnp.int32)

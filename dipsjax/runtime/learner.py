@@ -159,9 +159,10 @@ def _learning_rate(learner: Any, step: int) -> float | None:
 
 def partition_mesh() -> Any:
     """The partition's mesh over the ``DIPSJAX_PARTITION_DEVICES`` devices the launcher
-    gave it (``Requirements.cpu_devices`` or its accelerators), the batch sharded over
-    them (``data``); ``None`` when it gave none or one (no mesh: the simulator's
-    arithmetic, bit for bit)."""
+    gave it (``Requirements.cpu_devices`` or its accelerators), shaped ``(data, fsdp,
+    tensor)`` by ``DIPSJAX_PARTITION_MESH`` (``Requirements.mesh_data`` /
+    ``mesh_tensor``; unset: every device on ``fsdp``); ``None`` when it gave none or one
+    (no mesh: the simulator's arithmetic, bit for bit)."""
     n = int(os.environ.get("DIPSJAX_PARTITION_DEVICES", "1"))
     if n <= 1:
         return None
@@ -171,7 +172,16 @@ def partition_mesh() -> Any:
             f"the launcher gave this partition {n} devices (DIPSJAX_PARTITION_DEVICES) but "
             f"JAX sees {len(devices)}: {devices}"
         )
-    return make_partition_mesh(devices)
+    shape = os.environ.get("DIPSJAX_PARTITION_MESH", "")
+    if not shape:
+        return make_partition_mesh(devices)
+    try:
+        data, fsdp, tensor = (int(x) for x in shape.split(","))
+    except ValueError:
+        raise RuntimeError(
+            f"DIPSJAX_PARTITION_MESH must be 'data,fsdp,tensor' (three integers), got {shape!r}"
+        ) from None
+    return make_partition_mesh(devices, data=data, fsdp=fsdp, tensor=tensor)
 
 
 def partition_compute(spec: RunSpec, j: int) -> tuple[Compute, dict]:
@@ -747,11 +757,16 @@ class LearnerNode:
         cfg = self.spec.sim
         self.phase("compiling")
         sample = self.source.batch(0, 0)
+        mesh = self.learner.inner.mesh
         log.info(
-            "compiling: task %s, batch %s, %d inner steps a round",
+            "compiling: task %s, batch %s, %d inner steps a round, mesh %s",
             self.task_name,
             [tuple(x.shape) for x in jax.tree.leaves(sample)],
             cfg.inner_steps,
+            "none (one device)"
+            if mesh is None
+            else " x ".join(f"{a}={n}" for a, n in mesh.shape.items())
+            + f" over {mesh.devices.size} {mesh.devices.flat[0].platform} devices",
         )
         t0 = time.perf_counter()
         # The round's shapes: a shorter round would compile another program.

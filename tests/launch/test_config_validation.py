@@ -173,6 +173,20 @@ PARTITION_EXAMPLES = [
         ],
         "launch.learners.1.accelerators",
     ),
+    # A mesh that does not fit the partition, and one whose batch devices (data x fsdp)
+    # do not divide the batch (8 devices, tensor 2: 4 batch devices; batch 6).
+    (
+        ["launch.learner.cpu_devices=4", "launch.learner.mesh_tensor=3"],
+        "launch.learner.mesh_tensor",
+    ),
+    (
+        ["launch.learner.cpu_devices=2", "launch.learners={'1': {'mesh_data': 4}}"],
+        "launch.learners.1.mesh_data",
+    ),
+    (
+        ["launch.learner.cpu_devices=8", "launch.learner.mesh_tensor=2", "sim.batch_size=6"],
+        "launch.learner.mesh_tensor",
+    ),
 ]
 
 
@@ -193,6 +207,14 @@ def test_partitions_that_split_the_batch_are_accepted_and_build_their_jobs():
         ["launch.learners={3: {'cpu_devices': 8}}"],
         ["launch.learner.platform='gpu'", "launch.learner.accelerators=(0, 1)"],
         ["launch.learner.cpu_devices=4", "launch.learners={'0': {'cpu_devices': 1}}"],
+        # 2 x 2 x 2 over 8 devices: the batch (8) is split over data x fsdp = 4 only.
+        [
+            "launch.learner.cpu_devices=8",
+            "launch.learner.mesh_data=2",
+            "launch.learner.mesh_tensor=2",
+        ],
+        # tensor over all 16 devices of a partition: a batch of 8 on 1 batch device.
+        ["launch.learner.cpu_devices=16", "launch.learner.mesh_tensor=16"],
     ]:
         cfg = run_config.load("quickstart", "ci", overrides)
         sim = run_config.sim_config(cfg)

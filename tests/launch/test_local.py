@@ -61,6 +61,14 @@ def test_role_jobs_name_every_role_with_its_command_and_requirements(tmp_path):
         "CUDA_VISIBLE_DEVICES": "2,3",
         "DIPSJAX_PARTITION_DEVICES": "2",
     }
+    # The mesh's shape reaches the learner (fsdp takes the rest); a bad one names its field.
+    assert (
+        Requirements(cpu_devices=4, processes=2, mesh_tensor=2).env()["DIPSJAX_PARTITION_MESH"]
+        == "1,4,2"
+    )
+    assert "DIPSJAX_PARTITION_MESH" not in Requirements(cpu_devices=4).env()
+    with pytest.raises(ValueError, match=r"Requirements.mesh_data / mesh_tensor: .*data x tensor"):
+        Requirements(cpu_devices=4, mesh_data=3)
     with pytest.raises(ValueError, match="already has a job 'leader'"):
         exp.add(role_jobs(spec))
     with pytest.raises(ValueError, match=r"learners \[5\]"):
@@ -183,7 +191,8 @@ def test_a_partition_whose_devices_do_not_divide_the_batch_is_refused_before_any
 ):
     spec = _spec(tmp_path)  # batch_size 8
     with pytest.raises(
-        ValueError, match=r"learner 1: its partition has 3 devices.*batch_size \(8\)"
+        ValueError,
+        match=r"learner 1: its partition splits the batch over 3 devices.*batch_size \(8\)",
     ):
         role_jobs(spec, learners={1: Requirements(cpu_devices=3)})
     spread = role_jobs(spec, learner=Requirements(processes=2))  # 1 device a process
@@ -259,7 +268,7 @@ def test_the_local_executor_gives_each_learner_its_devices_and_cores_and_ctrl_c_
         "--set",
         "launch.learner.cpu_devices=2",
         "--set",
-        "launch.learners={'3': {'cpu_devices': 1}}",
+        "launch.learners={'3': {'cpu_devices': 1}, '2': {'mesh_tensor': 2}}",
     )
     try:
         cores = sorted(os.sched_getaffinity(0))
@@ -267,6 +276,9 @@ def test_the_local_executor_gives_each_learner_its_devices_and_cores_and_ctrl_c_
             env = Path(f"/proc/{pids[f'learner{j}']}/environ").read_bytes().split(b"\0")
             want = b"JAX_NUM_CPU_DEVICES=" + (b"1" if j == 3 else b"2")
             assert want in env
+            # Learner 2's mesh is tensor-parallel over its 2 devices; the others' all fsdp.
+            mesh = [x for x in env if x.startswith(b"DIPSJAX_PARTITION_MESH=")]
+            assert mesh == ([b"DIPSJAX_PARTITION_MESH=1,1,2"] if j == 2 else [])
             assert os.sched_getaffinity(pids[f"learner{j}"]) == {cores[j % len(cores)]}
         assert os.sched_getaffinity(pids["leader"]) == set(cores)  # not pinned
         assert (out / "logs" / "learner3.log").exists()

@@ -45,7 +45,7 @@ def leaves(tree):
 
 @pytest.fixture(scope="module")
 def learner():
-    mesh = make_partition_mesh(jax.devices()[:4], model=2)
+    mesh = make_partition_mesh(jax.devices()[:4], tensor=2)
     return Learner(get_config("tiny"), OPT, mesh=mesh, learner_id="a", params=tiny_init())
 
 
@@ -128,7 +128,7 @@ def test_two_partitions_step_concurrently_on_disjoint_meshes(learner):
     other = Learner(
         get_config("tiny"),
         OPT,
-        mesh=make_partition_mesh(groups[1], model=1),
+        mesh=make_partition_mesh(groups[1], tensor=1),
         learner_id="b",
         params=tiny_init(1),
     )

@@ -71,11 +71,17 @@ def unsharded():
     return init, float(loss), host(grads), run_two_steps(inner, init, batches(2))
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 2), (8, 1)])
+# (data, fsdp, tensor): each axis alone, pairs, and all three (8 CPU devices as 2 x 2 x 2).
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 1), (1, 2, 2), (1, 4, 2), (1, 8, 1), (2, 2, 2)],
+)
 def test_sharded_step_matches_unsharded(shape, unsharded):
     init, ref_loss, ref_grads, (ref_metrics, ref_mu, ref_params, ref_opt) = unsharded
-    data, model = shape
-    mesh = make_partition_mesh(jax.devices()[: data * model], data=data, model=model)
+    data, fsdp, tensor = shape
+    devices = jax.devices()[: data * fsdp * tensor]
+    mesh = make_partition_mesh(devices, data=data, fsdp=fsdp, tensor=tensor)
+    assert dict(mesh.shape) == {"data": data, "fsdp": fsdp, "tensor": tensor}
     inner = InnerStep(get_config("tiny"), OPT, mesh=mesh)
     metrics, mu, params, opt_state = run_two_steps(inner, init, batches(2))
     assert metrics[0]["loss"] == pytest.approx(ref_loss, rel=1e-6)
@@ -101,7 +107,9 @@ def test_sharded_step_matches_unsharded(shape, unsharded):
 
 def test_sharded_init_equals_unsharded_init(unsharded):
     init = unsharded[0]
-    inner = InnerStep(get_config("tiny"), OPT, mesh=make_partition_mesh(jax.devices()[:8], model=2))
+    inner = InnerStep(
+        get_config("tiny"), OPT, mesh=make_partition_mesh(jax.devices()[:8], tensor=2)
+    )
     params = inner.init_params(0)
     assert {s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, params))} == {
         s.spec for s in jax.tree.leaves(inner.param_shardings)

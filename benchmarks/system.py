@@ -9,6 +9,13 @@ Two modes: learners that wait for their pull (Di-PS) and learners that keep trai
 (Decoupled DiLoCo, K=1, adding the global change). On 2 cores the leader's and followers'
 work competes with the learners for the CPU, which a cluster does not have to.
 
+Added time (Decoupled DiLoCo's figure; Di-PS seed 000 sec. 14): from the run's tape, each
+learner's share of its time not spent training, push to pull, grace and transfers
+included: ``1 - sum(train_seconds) / span``, where a push's ``train_seconds`` is the wall
+time of the round it reports and the span runs from the start of the learner's first
+reported round to its last push (:func:`added_time`). Sharing 2 cores slows training and
+syncing alike, so the share is less distorted here than the tokens ratio.
+
 Run: ``.venv/bin/python benchmarks/system.py`` (``--rounds 3`` for a quick run; ``--tiny``
 checks the harness only: 1 learner, 1 follower, H = 4, 1 round, no checkpoints, one
 compilation cache for every process, small programs included; its figures mean nothing).
@@ -50,6 +57,23 @@ def _where(run_dir: Path, learners: int) -> dict[str, float]:
     }
     syncer = [run_dir / "leader" / "cpu.json", *sorted(run_dir.glob("follower*/cpu.json"))]
     out["syncer_cpu"] = sum(json.loads(p.read_text())["cpu_seconds"] for p in syncer if p.exists())
+    return out
+
+
+def added_time(tape_path: Path) -> dict[int, float]:
+    """Each learner's share of its span not spent training (see the module docstring), from
+    every push the tape holds (applied, rejected or dropped), by learner."""
+    from dipsjax.syncer.tape import EventTape
+
+    pushes: dict[int, list[tuple[float, float]]] = {}
+    for r in EventTape.read(tape_path).round_records():
+        for p in r.participants + r.dropped:
+            pushes.setdefault(p.learner, []).append((p.pushed_at, p.meta.train_seconds))
+    out = {}
+    for j, xs in sorted(pushes.items()):
+        xs.sort()
+        span = xs[-1][0] - (xs[0][0] - xs[0][1])
+        out[j] = 1.0 - sum(t for _, t in xs) / span if span > 0 else 0.0
     return out
 
 
@@ -99,13 +123,20 @@ def main() -> None:
         "waiting": dict(method="dips"),
         "overlap": dict(method="decoupled", quorum=1, overlap=True, adopt="delta"),
     }
-    ratios = {}
+    ratios, added = {}, {}
     for name, kw in modes.items():
         sim = SimConfig(learners=m, followers=f, inner_steps=h, token_budget=budget, **kw)
         synced = make_spec(sim, Path(tempfile.mkdtemp(prefix=f"dipsjax-sys-{name}-")))
         synced = dataclasses.replace(synced, checkpoints=args.checkpoints == "on")
         launch(synced, progress=False, evaluate=False)
         with_sync = _aggregate(Path(synced.run_dir), m)
+        shares = added_time(Path(synced.run_dir) / "tape.jsonl")
+        added[name] = max(shares.values())
+        print(
+            f"{name}: added time (not training, push to pull) by learner: "
+            + ", ".join(f"{j}: {s:.2%}" for j, s in shares.items()),
+            flush=True,
+        )
         alone = make_spec(sim, Path(tempfile.mkdtemp(prefix="dipsjax-solo-")))
         alone.write(Path(alone.run_dir) / "spec.json")
         without = _solo(alone, args.rounds)
@@ -127,6 +158,8 @@ def main() -> None:
         )
     print(f"system_tokens_ratio_waiting: {ratios['waiting']:.3f} (goal: >= 0.94)")
     print(f"system_tokens_ratio_overlap: {ratios['overlap']:.3f} (goal: >= 0.99)")
+    print(f"system_added_time_waiting: {added['waiting']:.4f} (goal: <= 0.06, the worst learner)")
+    print(f"system_added_time_overlap: {added['overlap']:.4f} (goal: <= 0.01, the worst learner)")
 
 
 if __name__ == "__main__":

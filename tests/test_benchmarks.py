@@ -199,8 +199,69 @@ def test_sim_comparison_tiny(tmp_path):
 def test_system_tiny(tmp_path):
     # Its solo learners (the baseline) crashed in pseudo_gradient with base=None.
     fig = run_benchmark("system", "--tiny", timeout=500, tmp_path=tmp_path)
-    expect(fig, ["system_tokens_ratio_waiting", "system_tokens_ratio_overlap"])
-    assert all(v > 0 for v in fig.values())
+    ratios = ["system_tokens_ratio_waiting", "system_tokens_ratio_overlap"]
+    added = ["system_added_time_waiting", "system_added_time_overlap"]
+    expect(fig, ratios + added)
+    assert all(fig[k] > 0 for k in ratios) and all(0 <= fig[k] < 1 for k in added)
+
+
+def test_added_time_is_the_share_of_each_span_not_training(tmp_path, monkeypatch):
+    # Learner 0 trains 10 s, pushes at 10, trains 10 s again and pushes at 25 (5 s between
+    # them not training): 5 / 25. Learner 1's second push was dropped and still counts:
+    # trains 4 s, pushes at 6 (2 s before it started), 4 s more, pushes at 12: 2 / 10.
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks.system import added_time
+
+    def push(j, at, train):
+        return {
+            "learner": j,
+            "pushed_at": at,
+            "staleness": 0,
+            "meta": {
+                "tokens": 1,
+                "steps": 1,
+                "base_version": 0,
+                "incarnation": 0,
+                "train_seconds": train,
+                "pulled": True,
+                "start_chunk": None,
+                "start_offset": 0,
+                "spans": [],
+            },
+        }
+
+    rounds = [
+        ([push(0, 10.0, 10.0), push(1, 6.0, 4.0)], []),
+        ([push(0, 25.0, 10.0)], [push(1, 12.0, 4.0)]),
+    ]
+    with open(tmp_path / "tape.jsonl", "w") as f:
+        for i, (parts, dropped) in enumerate(rounds):
+            f.write(
+                json.dumps(
+                    {
+                        "kind": "round",
+                        "round_id": i,
+                        "version": i + 1,
+                        "applied": True,
+                        "participants": parts,
+                        "dropped": dropped,
+                        "vector_clock": {},
+                        "sq_norms": [],
+                        "scores": [],
+                        "threshold": None,
+                        "accepted": [],
+                        "weights": [],
+                        "clip_factor": None,
+                        "merged_sq_norm": 0.0,
+                        "grace": 0.0,
+                        "grace_policy": {},
+                        "timings": {},
+                    }
+                )
+                + "\n"
+            )
+    shares = added_time(tmp_path / "tape.jsonl")
+    assert shares == pytest.approx({0: 5 / 25, 1: 2 / 10})
 
 
 @pytest.mark.slow

@@ -1,7 +1,18 @@
-"""Throughput of the dipsjax learner step against a minimal hand-written flax + optax loop.
+"""Throughput and model FLOPs utilization of the dipsjax learner step against a minimal
+hand-written flax + optax loop of the same model, in the same run, on whatever devices
+exist (CPU, GPU or TPU: the script is the same).
 
-Run: ``python benchmarks/learner_step.py`` (25-45 s on 2 shared CPU cores; ``--tiny``, a
-harness check whose figures mean nothing: d = 32, 1 layer, 8 x 16 tokens, 2 steps, 1 trial).
+Run: ``python benchmarks/learner_mfu.py`` (a 2-layer d = 128 model, 25-45 s on 2 shared CPU
+cores); ``--config small`` or ``--config llama3.2-1b`` for a named model (``--dtype
+bfloat16`` for bf16 compute with FP32 master weights); ``--tiny``, a harness check whose
+figures mean nothing: d = 32, 1 layer, 8 x 16 tokens, 2 steps, 1 trial.
+
+Model FLOPs utilization: model FLOPs a token (training: 6 per matmul parameter, the
+embedding lookup excluded and the output projection included, plus attention's
+``12 x layers x seq x heads x head_dim``: PaLM, Chowdhery et al. 2022, appendix B) times
+tokens/s over the devices' peak. The peak is the vendor's dense figure for the compute
+dtype on known GPUs and TPUs (:data:`PEAK_FLOPS`); elsewhere (CPU) it is measured in the
+same run, as the best rate of a large jitted matmul on each device, and the line says so.
 
 Three loops train the same model (same configuration, initial parameters and batches) in
 one process, interleaved trial by trial in a rotating order, after warm-up; each reports
@@ -16,7 +27,7 @@ the median tokens/s over the trials (the machine is shared and noisy):
 
 The ratios are medians over trials of the per-trial ratio to ``plain`` (loops of one trial
 run back to back, so slow drifts of the load cancel). Ends with one line per headline
-figure, e.g. ``learner_step_ratio: 0.99 (goal: >= 0.97)``.
+figure, e.g. ``learner_step_ratio: 0.99 (goal: >= 0.97)`` and ``step_mfu: 0.41``.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -34,6 +46,48 @@ from dipsjax.learner import InnerOptimizerConfig, InnerStep, Learner, make_parti
 from dipsjax.model import Llama, get_config
 
 GOAL = 0.97
+
+#: Dense peak FLOP/s a device, by a substring of ``device.device_kind`` (lower case) and
+#: the compute dtype (vendors' datasheets: tensor-core / MXU dense figures; float32 on GPUs
+#: counts TF32, which XLA uses for float32 matmuls by default).
+PEAK_FLOPS: dict[str, dict[str, float]] = {
+    "h200": {"bfloat16": 989e12, "float32": 495e12},
+    "h100": {"bfloat16": 989e12, "float32": 495e12},
+    "a100": {"bfloat16": 312e12, "float32": 156e12},
+    "l4": {"bfloat16": 121e12, "float32": 60e12},
+    "tpu v4": {"bfloat16": 275e12, "float32": 275e12},
+    "tpu v5 lite": {"bfloat16": 197e12, "float32": 197e12},
+    "tpu v5p": {"bfloat16": 459e12, "float32": 459e12},
+    "tpu v6 lite": {"bfloat16": 918e12, "float32": 918e12},
+}
+
+
+def flops_per_token(config, n_params: int, seq: int) -> float:
+    """Training FLOPs a token (see the module docstring)."""
+    table = config.vocab_size * config.d_model  # the lookup is no matmul (tied: lm_head is)
+    matmul = n_params - (0 if config.tie_embeddings else table)
+    heads_dim = config.num_heads * (config.head_dim or config.d_model // config.num_heads)
+    return 6.0 * matmul + 12.0 * config.num_layers * seq * heads_dim
+
+
+def device_peak(dtype: str) -> tuple[float, str]:
+    """The summed peak FLOP/s of the local devices and where it comes from."""
+    devices = jax.local_devices()
+    kind = devices[0].device_kind.lower()
+    for key, peaks in PEAK_FLOPS.items():
+        if key in kind:
+            return len(devices) * peaks[dtype], f"datasheet, {devices[0].device_kind} {dtype}"
+    n = 2048 if devices[0].platform != "cpu" else 1024
+    best = 0.0
+    for d in devices:
+        a = jax.device_put(jnp.ones((n, n), dtype), d)
+        mm = jax.jit(lambda x: x @ x)
+        mm(a).block_until_ready()
+        for _ in range(5):
+            t0 = time.perf_counter()
+            mm(a).block_until_ready()
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0))
+    return len(devices) * best, f"measured: the best {n}^3 {dtype} matmul rate a device"
 
 
 def plain_loop(config, params_dict, optimizer: InnerOptimizerConfig):
@@ -78,6 +132,7 @@ def _int_keys(template, tree):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=None, help="a named model (default: --d-model...)")
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
@@ -92,16 +147,19 @@ def main(argv=None) -> int:
         args.d_model, args.layers, args.batch, args.seq = 32, 1, 8, 16
         args.steps, args.trials, args.warmup = 2, 1, 1
 
-    config = get_config(
-        "small",
-        d_model=args.d_model,
-        num_layers=args.layers,
-        num_heads=4,
-        num_kv_heads=2,
-        d_ff=3 * args.d_model,
-        max_seq_len=args.seq,
-        dtype=args.dtype,
-    )
+    if args.config:
+        config = get_config(args.config, max_seq_len=args.seq, dtype=args.dtype)
+    else:
+        config = get_config(
+            "small",
+            d_model=args.d_model,
+            num_layers=args.layers,
+            num_heads=4,
+            num_kv_heads=2,
+            d_ff=3 * args.d_model,
+            max_seq_len=args.seq,
+            dtype=args.dtype,
+        )
     optimizer = InnerOptimizerConfig()
     mesh = make_partition_mesh()
     rng = np.random.default_rng(0)
@@ -176,8 +234,13 @@ def main(argv=None) -> int:
     print(f"plain_tokens_per_s: {med['plain']:.0f}")
     print(f"learner_tokens_per_s: {med['step']:.0f}")
     print(f"learner_round_tokens_per_s: {med['round']:.0f}")
+    fpt = flops_per_token(config, n_params, args.seq)
+    peak, source = device_peak(args.dtype)
+    print(f"model FLOPs a token: {fpt:,.0f}; peak {peak / 1e12:.3f} TFLOP/s ({source})")
     print(f"learner_step_ratio: {step_ratio:.3f} (goal: >= {GOAL})")
     print(f"learner_round_ratio: {round_ratio:.3f} (goal: >= {GOAL})")
+    for name, goal in (("plain", "the baseline"), ("step", "plain_mfu's"), ("round", "the step's")):
+        print(f"{name}_mfu: {med[name] * fpt / peak:.4f} (goal: {goal})")
     return 0
 
 

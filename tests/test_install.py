@@ -315,3 +315,10 @@ def _flatten(tree, prefix=()):
             out.update(_flatten(v, (*prefix, str(k))))
         return out
     return {prefix: tree}
+
+
+def test_the_device_check_script_parses():
+    # scripts/device_check.sh runs only where a GPU is lent; here bash checks its syntax.
+    script = ROOT / "scripts" / "device_check.sh"
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -320,5 +320,5 @@ def _flatten(tree, prefix=()):
 def test_the_device_check_script_parses():
     # scripts/device_check.sh runs only where a GPU is lent; here bash checks its syntax.
     script = ROOT / "scripts" / "device_check.sh"
-    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr

@@ -27,6 +27,12 @@ from typing import Any
 BYTE_VOCAB_SIZE = 260
 
 _DTYPES = ("float32", "bfloat16")
+#: Activation rematerialisation of each block (:class:`ModelConfig` ``remat``): what the
+#: backward pass keeps of a block's forward, the rest recomputed (MaxText's ``remat_policy``).
+REMAT_POLICIES = ("none", "full", "save_dots", "save_dots_no_batch")
+#: Attention implementations (``jax.nn.dot_product_attention``'s): ``auto`` takes cuDNN's
+#: fused kernel on a GPU in bfloat16 and XLA's otherwise.
+ATTENTION = ("auto", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,6 +57,12 @@ class ModelConfig:
       dtype: compute dtype, ``"float32"`` or ``"bfloat16"``; parameters stay ``param_dtype``.
       param_dtype: storage dtype of the (master) parameters.
       init_std: standard deviation of the normal initialiser of every matrix.
+      remat: what the backward pass keeps of each block's forward (:data:`REMAT_POLICIES`):
+        ``none`` keeps every activation; ``full`` only the block's input (everything is
+        recomputed); ``save_dots`` the matmul outputs; ``save_dots_no_batch`` those without
+        a batch dimension (the weights-side products). The numbers are the same whichever.
+      attention: ``auto`` (cuDNN on a GPU in bfloat16, XLA elsewhere), ``xla`` or ``cudnn``
+        (:data:`ATTENTION`).
     """
 
     name: str = "custom"
@@ -69,6 +81,8 @@ class ModelConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     init_std: float = 0.02
+    remat: str = "none"
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         for field in (
@@ -106,6 +120,11 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.norm_eps must be in (0, 1), got {self.norm_eps!r}")
         if not self.init_std > 0.0:
             raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}")
+        for field, allowed in (("remat", REMAT_POLICIES), ("attention", ATTENTION)):
+            if getattr(self, field) not in allowed:
+                raise ValueError(
+                    f"ModelConfig.{field} must be one of {allowed}, got {getattr(self, field)!r}"
+                )
         for field in ("dtype", "param_dtype"):
             if getattr(self, field) not in _DTYPES:
                 raise ValueError(

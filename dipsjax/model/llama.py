@@ -124,6 +124,7 @@ class Attention(nnx.Module):
         assert hd is not None
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, hd
         self.rope_theta = c.rope_theta
+        self.attention = c.attention
 
         def linear(din: int, dout: int, axes: Sequence[str]) -> nnx.Linear:
             return _linear(c, din, dout, axes, rngs)
@@ -148,7 +149,11 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = rotary(q, positions, self.rope_theta)
         k = rotary(k, positions, self.rope_theta)
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+        impl = self.attention
+        if impl == "auto":
+            gpu = jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            impl = "cudnn" if gpu else "xla"
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
         return self.o_proj(out.reshape(b, s, self.num_heads * self.head_dim))
 
 
@@ -242,11 +247,30 @@ class Llama(nnx.Module):
             return jax.lax.with_sharding_constraint(x, activation_sharding)
 
         x = constrain(self.embed(tokens))
+        block = _remat(self.config.remat)
         for layer in self.layers:
-            x = constrain(layer(x, positions))
+            x = constrain(block(layer, x, positions))
         x = self.final_norm(x)
         logits = self.embed.attend(x) if self.lm_head is None else self.lm_head(x)
         return logits.astype(jnp.float32)
+
+
+def _call_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:
+    return layer(x, positions)
+
+
+_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_saveable,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _remat(policy: str):
+    """A block's call under the config's rematerialisation policy (``none``: as is)."""
+    if policy == "none":
+        return _call_block
+    return nnx.remat(_call_block, policy=_POLICIES[policy])
 
 
 def abstract_model(config: ModelConfig) -> Llama:

@@ -3,7 +3,7 @@ a text corpus (``SimConfig.corpus``), the papers' setting.
 
 Keyword arguments (``SimConfig.task_args``)::
 
-    get_task(cfg, tokenizer="byte", records=None)
+    get_task(cfg, tokenizer="byte", records=None, remat="none", attention="auto")
 
 * ``tokenizer``: any spec :func:`~dipsjax.data.tokenizer.load_tokenizer` accepts: ``"byte"``
   (the default: UTF-8 bytes), ``"bpe:1024"`` (a byte-level BPE of 1024 ids trained on the
@@ -18,6 +18,9 @@ Keyword arguments (``SimConfig.task_args``)::
   bpe:1024``) using the same corpus, tokenizer and ``chunk_len``. ``None``: the chunks are
   tokenized in memory (:class:`~dipsjax.data.pipeline.TokenChunks`). Both give the same
   batches, bit for bit.
+* ``remat``, ``attention``: the model's activation rematerialisation policy and attention
+  implementation (:class:`~dipsjax.model.configs.ModelConfig`; the numbers are the same
+  whichever), e.g. ``--set "sim.task_args={'remat': 'full'}"``.
 
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
 tokens, read in ``SimConfig.data_layout``: ``"contiguous"`` (the default: a batch is
@@ -60,6 +63,8 @@ def get_task(
     cfg: Any,
     tokenizer: str | os.PathLike[str] = "byte",
     records: str | os.PathLike[str] | Sequence[str] | None = None,
+    remat: str = "none",
+    attention: str = "auto",
 ) -> Task:
     """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)
     with ``tokenizer`` and, optionally, training chunks read from ``records`` (module doc)."""
@@ -83,6 +88,7 @@ def get_task(
         _records_key(records),
         cfg.data_layout,
         cfg.seed if cfg.data_layout == "spread" else 0,  # the layout's permutation
+        (("remat", remat), ("attention", attention)),
     )
 
 
@@ -136,6 +142,7 @@ def _task(
     records: tuple[str, ...] | None = None,
     layout: str = "contiguous",
     seed: int = 0,
+    model_fields: tuple[tuple[str, str], ...] = (),
 ) -> Task:
     from dipsjax.data import ByteTokenizer, load_tokenizer
     from dipsjax.learner.step import lm_model
@@ -157,10 +164,10 @@ def _task(
     else:
         tok = load_tokenizer(tokenizer, corpus=corpus, validation_doc=validation_doc, data_dir=root)
     if isinstance(tok, ByteTokenizer):
-        config = get_config(model)  # the named configuration, as ever (its 260 ids hold 259)
+        config = get_config(model, **dict(model_fields))  # 260 ids hold the tokenizer's 259
         name = f"lm:{model}"
     else:
-        config = get_config(model, vocab_size=tok.vocab_size)
+        config = get_config(model, vocab_size=tok.vocab_size, **dict(model_fields))
         name = f"lm:{model}:{tokenizer}"
 
     def data() -> Any:

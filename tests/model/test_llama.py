@@ -125,3 +125,45 @@ def test_every_matrix_carries_logical_axes():
         assert axes is not None and len(axes) == var.ndim, path
         assert all(a in rules for a in axes), path
         assert meta.get("sharding_rules") == LOGICAL_AXIS_RULES
+
+
+def _loss_grads_and_temp_bytes(config):
+    import optax
+
+    graphdef, params = nnx.split(Llama(config, rngs=nnx.Rngs(0)), nnx.Param)
+
+    def loss(p, batch):
+        logits = nnx.merge(graphdef, p)(batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch[:, 1:]).mean()
+
+    batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (4, 33)), jnp.int32)
+    fn = jax.jit(jax.value_and_grad(loss))
+    value, grads = fn(params, batch)
+    temp = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+    return float(value), jax.tree.leaves(grads), temp
+
+
+def test_remat_policies_give_the_same_numbers_in_less_activation_memory():
+    ref_loss, ref_grads, ref_temp = _loss_grads_and_temp_bytes(get_config("tiny"))
+    temps = {}
+    for policy in ("full", "save_dots", "save_dots_no_batch"):
+        loss, grads, temps[policy] = _loss_grads_and_temp_bytes(get_config("tiny", remat=policy))
+        assert loss == ref_loss
+        for got, want in zip(grads, ref_grads, strict=True):
+            np.testing.assert_array_equal(got, want)
+    # XLA's own plan of the compiled program's scratch memory: every policy keeps less than
+    # keeping everything, and recomputing everything less than keeping the matmul outputs.
+    # (On a model this small the two "dots" policies' order is the scheduler's choice.)
+    assert max(temps.values()) < ref_temp and temps["full"] < temps["save_dots"]
+
+
+def test_attention_implementation_is_a_setting():
+    tokens = jnp.asarray(np.arange(2 * 16).reshape(2, 16) % 256, jnp.int32)
+    out = {
+        impl: Llama(get_config("tiny", attention=impl), rngs=nnx.Rngs(0))(tokens)
+        for impl in ("auto", "xla")
+    }
+    np.testing.assert_array_equal(out["auto"], out["xla"])  # auto is XLA's off a GPU
+    for field, bad in (("attention", "flash"), ("remat", "some")):
+        with pytest.raises(ValueError, match=rf"ModelConfig\.{field} must be one of"):
+            get_config("tiny", **{field: bad})

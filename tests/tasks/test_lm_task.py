@@ -263,3 +263,14 @@ def load_corpus_train():
     from dipsjax.data import load_corpus
 
     return load_corpus("austen", "train").texts
+
+
+def test_remat_and_attention_reach_the_model_from_the_task_args(data):
+    from flax import nnx
+
+    cfg = SimConfig(task_args=(("remat", "full"), ("attention", "xla")))
+    model = load_task(cfg).model(nnx.Rngs(0))
+    assert (model.config.remat, model.config.attention) == ("full", "xla")
+    assert load_task(SimConfig()).model(nnx.Rngs(0)).config.remat == "none"
+    with pytest.raises(ValueError, match=r"ModelConfig\.remat must be one of"):
+        load_task(SimConfig(task_args=(("remat", "everything"),)))

@@ -36,9 +36,9 @@ METHODS = ("dips", "decoupled", "naive_async", "sync_diloco")
 #: the Di-PS paper's 0.7 / 0.8 whatever the method.
 OUTER_DEFAULTS: dict[str, tuple[float, float]] = {
     "dips": (0.7, 0.8),
-    "decoupled": (0.4, 0.8),
+    "decoupled": (0.4, 0.7),
     "naive_async": (0.7, 0.8),
-    "sync_diloco": (0.4, 0.8),
+    "sync_diloco": (0.4, 0.7),
 }
 CLIPS = ("", "none", "absolute", "relative")
 

@@ -13,7 +13,13 @@ The data plane is measured twice, as runs use it (TLS with the job's certificate
 costs shows beside what the framing costs.
 
 Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run;
-``--tiny``: 4M parameters, 1 trial, a harness check whose figures mean nothing).
+``--tiny``: 4M parameters, 1 trial, a harness check whose speed figures mean nothing).
+
+Both forms also check that transfers stream (:func:`_streams`, figures
+``dataplane_push_streams`` and ``dataplane_pull_streams``, 1 when they do): a push whose
+sender encoded every tensor before sending any, or a pull whose follower encoded (or whose
+learner received) the whole shard before the learner got its first tensor, scores 0. The
+check waits on events, not on timings, so it holds on a loaded machine.
 """
 
 from __future__ import annotations
@@ -98,6 +104,72 @@ def _raw_followers(nbytes: list[int], conn) -> None:
         threading.Thread(target=serve, args=(s, n), daemon=True).start()
     conn.send([s.getsockname()[:2] for s in socks])
     conn.recv()
+
+
+# ------------------------------------------------------------------ streaming check
+
+
+class _Gated:
+    """A tensor whose host value (``np.asarray``, which the data plane's encoder calls)
+    is given only once ``gate`` is set (``False`` recorded in ``late`` if it is not within
+    ``seconds``): what a transfer that streams sets before it needs this tensor."""
+
+    def __init__(self, x: np.ndarray, gate: threading.Event, late: list, seconds: float):
+        self.x, self.gate, self.late, self.seconds = x, gate, late, seconds
+
+    def __array__(self, dtype=None, copy=None):
+        if not self.gate.wait(self.seconds):
+            self.late.append(False)
+        return self.x if dtype is None else self.x.astype(dtype)
+
+
+def _streams(n: int = 8, size: int = 1 << 18, seconds: float = 20.0) -> tuple[int, int]:
+    """``(push streams, pull streams)``, each 1 or 0, through a follower in this process.
+
+    Push: the learner's last tensor is encoded only once the follower has read the first
+    frame's header (``DataPlaneServer(expect=...)``, called as each frame's header is read,
+    before its body). Pull: the follower's last tensor is encoded only once the learner's
+    ``sink`` has the first tensor. A sender that serialized the whole transfer first, or a
+    learner that received the whole pull before handing any of it over, waits ``seconds``
+    and scores 0 (the transfer then completes, and must still carry every tensor)."""
+    from dipsjax.transport import dataplane as dp
+
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal(size).astype(np.float32) for _ in range(n)]
+    first_read, first_sunk = threading.Event(), threading.Event()
+    late_push: list = []
+    late_pull: list = []
+    staged: dict = {}
+
+    def expect(header) -> None:
+        if header.tensor == 0:
+            first_read.set()
+
+    served = {i: x for i, x in enumerate(xs[:-1])}
+    served[n - 1] = _Gated(xs[-1], first_sunk, late_pull, seconds)
+    server = dp.DataPlaneServer(
+        lambda r, j, inc, base, tensors: staged.update(tensors),
+        lambda v: (0, served),
+        port=0,
+        expect=expect,
+    )
+    client = dp.DataPlaneClient(server.address)
+    try:
+        pushed = [(i, x) for i, x in enumerate(xs[:-1])]
+        pushed.append((n - 1, _Gated(xs[-1], first_read, late_push, seconds)))
+        client.push(1, 0, 0, 0, pushed)
+        got: dict = {}
+
+        def sink(tid: int, x: np.ndarray) -> None:
+            got[tid] = x
+            first_sunk.set()
+
+        client.pull(sink=sink)
+    finally:
+        client.close()
+        server.close()
+    assert sorted(staged) == sorted(got) == list(range(n)), (sorted(staged), sorted(got))
+    return int(not late_push), int(not late_pull)
 
 
 # ------------------------------------------------------------------ learner (parent)
@@ -186,6 +258,7 @@ def main() -> None:
     for conn, proc in ((dp_conn, dp_proc), (raw_conn, raw_proc)):
         conn.send("done")
         proc.join(5)
+    push_streams, pull_streams = _streams()
     t_dp, t_raw, t_tls = (statistics.median(x) for x in (dps, raws, tlss))
     print(f"model: {n_params / 1e6:.0f}M params, {wire / 1e6:.0f} MB on the wire (push + pull)")
     print(f"raw TCP:          {t_raw:.3f} s  ({wire / t_raw / 1e9:.2f} GB/s)  trials {raws}")
@@ -193,6 +266,8 @@ def main() -> None:
     print(f"data plane + TLS: {t_tls:.3f} s  ({wire / t_tls / 1e9:.2f} GB/s)  trials {tlss}")
     print(f"dataplane_push_pull_ratio: {t_raw / t_dp:.2f} (goal: >= 0.70)")
     print(f"dataplane_tls_ratio: {t_dp / t_tls:.2f} (goal: >= 0.70, TLS against plain framing)")
+    print(f"dataplane_push_streams: {push_streams} (goal: 1, sent while encoded)")
+    print(f"dataplane_pull_streams: {pull_streams} (goal: 1, handed over while sent)")
 
 
 if __name__ == "__main__":

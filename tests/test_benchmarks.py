@@ -174,8 +174,21 @@ def test_model_flops_a_token_match_what_xla_counts(tie, monkeypatch):
 
 def test_dataplane_tiny(tmp_path):
     fig = run_benchmark("dataplane", "--tiny", timeout=180, tmp_path=tmp_path)
-    expect(fig, ["dataplane_push_pull_ratio", "dataplane_tls_ratio"])
-    assert all(v > 0 for v in fig.values())
+    expect(
+        fig,
+        [
+            "dataplane_push_pull_ratio",
+            "dataplane_tls_ratio",
+            "dataplane_push_streams",
+            "dataplane_pull_streams",
+        ],
+    )
+    # Nothing about speed (the ratios are a loaded machine's): only that transfers stream.
+    # A push whose learner encodes every tensor before sending any, or a pull the follower
+    # encodes (or the learner receives) whole before the learner gets its first tensor,
+    # scores 0: the check waits on events, not timings (benchmarks/dataplane.py _streams).
+    assert fig["dataplane_push_streams"] == 1, fig
+    assert fig["dataplane_pull_streams"] == 1, fig
 
 
 @pytest.mark.slow

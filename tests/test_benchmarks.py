@@ -134,6 +134,13 @@ def test_learner_mfu_tiny(tmp_path):
     assert all(v > 0 for v in fig.values())
 
 
+def test_learner_memory_tiny(tmp_path):
+    # The harness: the tiny model's bytes are lost in the allocator's, so no ratio is judged.
+    fig = run_benchmark("learner_memory", "--tiny", timeout=300, tmp_path=tmp_path)
+    expect(fig, ["learner_memory_ratio_runtime", "learner_memory_ratio_donate"])
+    assert all(v > 0 for v in fig.values())
+
+
 @pytest.mark.parametrize("tie", [False, True])
 def test_model_flops_a_token_match_what_xla_counts(tie, monkeypatch):
     # The MFU numerator (6 per matmul parameter plus attention) against XLA's own count of

@@ -8,6 +8,9 @@ sizes, in decimal GB (1e9 bytes, the unit of Di-PS seed 000 sec. 1 "FP32 100B = 
 * ``adamw`` = 8N: the inner AdamW moments ``m`` and ``v`` in FP32;
 * ``learner`` = 16N: what one learner partition holds between steps, FP32 master weights +
   FP32 gradients + AdamW moments (spread over its devices by the ``data``/``model`` mesh);
+* ``learner_peak``: what a learner process holds at the peak of an inner step, the one
+  memory model of ``plan``, ``dipsjax run --dry-run`` and the learner's own log
+  (:func:`learner_memory`: 32N in the runtime, whose step does not donate its inputs);
 * ``outer`` = 8N: the FP32 outer state a syncer keeps, global parameters ``theta`` + Nesterov
   momentum (spread over the followers, seed 000 sec. 5);
 * ``wire_bf16`` = 2N: one pseudo-gradient or model pull in BF16 on the wire (sec. 12).
@@ -33,6 +36,42 @@ from dipsjax.model.llama import abstract_model, count_params
 
 GB = 1e9
 
+
+def learner_memory(num_params: int, *, donate: bool = False) -> dict[str, int]:
+    """Bytes a learner holds at the peak of an inner step, by part (FP32 master weights):
+
+    * ``weights`` 4N, ``adamw`` 8N (``m`` and ``v``), ``reference`` 4N (the round's start,
+      which the pseudo-gradient is taken from), held between steps;
+    * ``gradients`` 4N, made by the step;
+    * ``step_outputs`` 12N: the step's new weights and AdamW state, beside its inputs,
+      unless it donates them (``donate``; the runtime's learner does not).
+
+    Activations, XLA's scratch and the process's own memory (JAX, the data) come on top.
+    Measured on this CPU for a 135M-parameter model (``benchmarks/learner_memory.py``):
+    see docs/benchmarks.md.
+    """
+    n = int(num_params)
+    parts = {"weights": 4 * n, "adamw": 8 * n, "reference": 4 * n, "gradients": 4 * n}
+    if not donate:
+        parts["step_outputs"] = 12 * n
+    return parts
+
+
+def follower_memory(
+    shard_params: int, *, learners: int, wire_bytes: float, version_cache: int
+) -> dict[str, int]:
+    """Bytes a follower holds for its shard of ``shard_params`` values, by part: the FP32
+    shard and the outer state (``theta`` + Nesterov momentum, 8 bytes a value), the older
+    versions it keeps to serve pulls (4 bytes each), and one round's pushes staged at wire
+    precision from every learner."""
+    n = int(shard_params)
+    return {
+        "outer_state": 8 * n,
+        "version_cache": 4 * n * (version_cache - 1),
+        "staged_pushes": learners * int(wire_bytes * n),
+    }
+
+
 #: Di-PS seed 000 sec. 5: outer model + optimizer state for the 100B model, bytes.
 PAPER_100B_OUTER_BYTES = 1600 * GB
 #: Di-PS seed 000 sec. 5: receive buffers for the 100B model, bytes (lower bound).
@@ -48,6 +87,7 @@ class MemoryPlan:
     params_fp32_bytes: int
     adamw_bytes: int
     learner_bytes: int
+    learner_peak_bytes: int
     outer_bytes: int
     wire_bf16_bytes: int
 
@@ -62,6 +102,7 @@ def memory_plan(config: ModelConfig) -> MemoryPlan:
         params_fp32_bytes=4 * n,
         adamw_bytes=8 * n,
         learner_bytes=16 * n,
+        learner_peak_bytes=sum(learner_memory(n).values()),
         outer_bytes=8 * n,
         wire_bf16_bytes=2 * n,
     )
@@ -88,7 +129,16 @@ def _gb(b: int) -> str:
 
 def format_plan(names: Sequence[str] | None = None, *, paper: bool = True) -> str:
     """The ``dipsjax plan`` table: one row per configuration, sizes in GB (1e9 bytes)."""
-    header = ("config", "params", "params_fp32", "adamw", "learner", "outer_fp32", "wire_bf16")
+    header = (
+        "config",
+        "params",
+        "params_fp32",
+        "adamw",
+        "learner",
+        "learner_peak",
+        "outer_fp32",
+        "wire_bf16",
+    )
     rows = [header]
     plans = plan_rows(names)
     for p in plans:
@@ -99,6 +149,7 @@ def format_plan(names: Sequence[str] | None = None, *, paper: bool = True) -> st
                 _gb(p.params_fp32_bytes),
                 _gb(p.adamw_bytes),
                 _gb(p.learner_bytes),
+                _gb(p.learner_peak_bytes),
                 _gb(p.outer_bytes),
                 _gb(p.wire_bf16_bytes),
             )
@@ -114,7 +165,9 @@ def format_plan(names: Sequence[str] | None = None, *, paper: bool = True) -> st
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(
         "GB = 1e9 bytes. params_fp32 = 4N; adamw = m+v FP32 = 8N; learner = FP32 weights + "
-        "grads + m + v = 16N; outer_fp32 = theta + Nesterov momentum = 8N; wire_bf16 = 2N."
+        "grads + m + v = 16N; learner_peak = the runtime learner's step (learner_memory: + "
+        "the round's reference + the step's outputs beside its inputs = 32N); outer_fp32 = "
+        "theta + Nesterov momentum = 8N; wire_bf16 = 2N."
     )
     if paper:
         big = [p for p in plans if p.name == "dips-100b"]

@@ -39,6 +39,7 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
     """The job's plan as data (what :func:`format_plan` prints)."""
     from dipsjax import outer
     from dipsjax.learner.step import InnerStep, params_to_dict
+    from dipsjax.model.plan import follower_memory, learner_memory
     from dipsjax.syncer.schedule import (
         assign_layers,
         follower_loads,
@@ -59,8 +60,8 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
     roles: dict[str, Any] = {
         "leader": {"memory_bytes": 0, "note": "control only: no tensors"},
         "learner": {
-            # FP32 weights, gradients and AdamW's m and v; the pseudo-gradient's reference.
-            "memory_bytes": 16 * n + 4 * n,
+            # The one memory model (plan, --dry-run, the learner's log): the step's peak.
+            "memory_bytes": sum(learner_memory(n).values()),
             "push_bytes": push,
             "pull_bytes": 4 * n,  # learners pull FP32
         },
@@ -69,11 +70,14 @@ def plan(sim: SimConfig, placement: Mapping[str, Any] | None = None) -> dict[str
                 "follower": f,
                 "tensors": sum(k == f for k in owner),
                 "params": shard[f],
-                # FP32 shard and outer state (theta + Nesterov momentum), the version cache,
-                # and a round's pushes staged at wire precision from every learner.
-                "memory_bytes": 8 * shard[f]
-                + 4 * shard[f] * (sim.version_cache - 1)
-                + sim.learners * int(WIRE_BYTES[sim.wire] * shard[f]),
+                "memory_bytes": sum(
+                    follower_memory(
+                        shard[f],
+                        learners=sim.learners,
+                        wire_bytes=WIRE_BYTES[sim.wire],
+                        version_cache=sim.version_cache,
+                    ).values()
+                ),
                 "in_bytes_per_round": sim.learners
                 * sum(_wire(s, sim.wire) for s, k in zip(sizes, owner, strict=True) if k == f),
                 "out_bytes_per_pull": 4 * shard[f],
@@ -168,7 +172,8 @@ def format_plan(p: dict[str, Any]) -> str:
             "  pull seconds a learner: " + ", ".join(f"{x:,.1f}" for x in pl["pull_seconds"]),
         ]
     lines.append(
-        "memory: learner = FP32 weights + grads + AdamW m, v + the round's reference (20 B a "
-        "parameter); follower = FP32 shard + outer state + version cache + staged pushes"
+        "memory: learner = FP32 weights + AdamW m, v + the round's reference + gradients + "
+        "the step's outputs beside its inputs (32 B a parameter, dipsjax.model.plan."
+        "learner_memory); follower = FP32 shard + outer state + version cache + staged pushes"
     )
     return "\n".join(lines)

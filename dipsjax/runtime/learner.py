@@ -92,6 +92,7 @@ from dipsjax import outer
 from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner, make_partition_mesh
 from dipsjax.learner.contribution import PushFeedback, encode_tree, push_meta
+from dipsjax.model.plan import learner_memory
 from dipsjax.runtime import logs, permissions, progress
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
@@ -214,6 +215,10 @@ class LearnerNode:
         flat = outer.flatten(params)
         self.paths = list(flat)
         self.shapes = {p: tuple(x.shape) for p, x in flat.items()}
+        # The one memory model (dipsjax.model.plan.learner_memory): this learner's step
+        # peak, logged and kept beside the measured peak in stats.json.
+        n = sum(math.prod(s) for s in self.shapes.values())
+        self.planned_peak = sum(learner_memory(n).values())
         self.fingerprint = model_fingerprint({p: (x.shape, x.dtype) for p, x in flat.items()})
         self.task_name = load_task(cfg).name
         self.source, self.stream = self.make_data()
@@ -759,7 +764,8 @@ class LearnerNode:
         sample = self.source.batch(0, 0)
         mesh = self.learner.inner.mesh
         log.info(
-            "compiling: task %s, batch %s, %d inner steps a round, mesh %s",
+            "compiling: task %s, batch %s, %d inner steps a round, mesh %s, planned peak "
+            "%.3f GB (weights, AdamW, reference, gradients, the step's outputs)",
             self.task_name,
             [tuple(x.shape) for x in jax.tree.leaves(sample)],
             cfg.inner_steps,
@@ -767,6 +773,7 @@ class LearnerNode:
             if mesh is None
             else " x ".join(f"{a}={n}" for a, n in mesh.shape.items())
             + f" over {mesh.devices.size} {mesh.devices.flat[0].platform} devices",
+            self.planned_peak / 1e9,
         )
         t0 = time.perf_counter()
         # The round's shapes: a shorter round would compile another program.
@@ -853,6 +860,10 @@ class LearnerNode:
             "reported": self.reported,
             "compute_seconds": tr.get("compute", 0.0),  # wall time of its rounds' steps
             "cpu_seconds": use.ru_utime + use.ru_stime,  # the process's, all threads
+            # The step's planned peak (learner_memory) and the process's measured peak
+            # resident memory (JAX and the data included).
+            "planned_peak_bytes": self.planned_peak,
+            "peak_rss_bytes": use.ru_maxrss * 1024,
             "unused": dict(self.unused),  # pushes the leader said were bad input, by kind
             **(
                 {}

@@ -26,6 +26,10 @@ def test_byte_sizes_follow_the_count(rows):
         assert row.outer_bytes == 8 * n
         assert row.wire_bf16_bytes == 2 * n
         assert row.learner_bytes == 16 * n
+        # The runtime learner's step peak: weights 4 + AdamW 8 + reference 4 + gradients 4,
+        # and the step's new weights and AdamW (12) beside its inputs (it does not donate).
+        assert row.learner_peak_bytes == 32 * n
+        assert sum(plan_lib.learner_memory(n, donate=True).values()) == 20 * n
 
 
 def test_100b_matches_the_paper_order_of_magnitude(rows):

@@ -11,7 +11,7 @@ from dipsjax.model.configs import get_config
 from dipsjax.model.plan import memory_plan
 from dipsjax.runtime.client import model_layout
 from dipsjax.runtime.dryrun import plan
-from dipsjax.sim.config import SimConfig
+from dipsjax.sim.config import WIRE_BYTES, SimConfig
 from dipsjax.sim.experiments import load_experiment
 
 
@@ -55,6 +55,17 @@ def test_paper_scale_configs_plan_without_hardware_and_place_the_server_by_b_tim
         assert s == pytest.approx(push / (b[best, j] * 1e9 / 8), rel=1e-9)
     for name in ("paper_1b", "paper_14b"):
         assert run_cmd.main([name, "--dry-run"]) == 0
+    # One memory model: the dry run's learner is dipsjax plan's learner_peak, and a
+    # follower's the FP32 shard + outer state, its older versions and a round's pushes.
+    assert (
+        p["roles"]["learner"]["memory_bytes"]
+        == memory_plan(get_config("dips-100b")).learner_peak_bytes
+    )
+    shard = p["roles"]["followers"][0]["params"]
+    sim = SimConfig(**{**cfg.sim, "speeds": tuple(cfg.sim.speeds)})
+    staged = sim.learners * int(WIRE_BYTES[sim.wire] * shard)
+    want = 8 * shard + 4 * shard * (sim.version_cache - 1) + staged
+    assert p["roles"]["followers"][0]["memory_bytes"] == want
 
 
 def test_a_placement_of_the_wrong_shape_is_named(tmp_path, capsys):

@@ -234,6 +234,11 @@ class SimConfig:
                 "wire_topk",
                 "None with method dp or async_diloco (they do not carry it)",
             ),
+            (
+                not self.error_feedback or self.method not in ("dp", "async_diloco"),
+                "error_feedback",
+                "False with method dp or async_diloco (they do not carry it)",
+            ),
             (not self.task or ":" in self.task, "task", "'package.module:function' or empty"),
             (
                 not self.outer_optimizer or ":" in self.outer_optimizer,

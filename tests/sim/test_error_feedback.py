@@ -132,6 +132,8 @@ def test_topk_in_the_simulator_and_the_runtime_config():
     for method in ("dp", "async_diloco"):  # they do not carry it: refused, not ignored
         with pytest.raises(ValueError, match="wire_topk"):
             SimConfig(method=method, wire_topk=0.5)
+        with pytest.raises(ValueError, match="error_feedback"):  # nor error feedback
+            SimConfig(method=method, wire="stat2", error_feedback=True)
     with pytest.raises(ValueError, match="wire_topk"):
         schema.validate_sim({"wire_topk": 1.5}, "run")
     for command in ("run", "simulate"):

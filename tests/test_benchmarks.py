@@ -404,13 +404,27 @@ def test_ladder(tmp_path):
     assert abs(fig["ladder_sync_diloco_gap_m1"]) < 1e-3
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4 and (out / "ladder.md").is_file()
-    # again, reporting every result the folder holds: one row per method, M, H and rounds
+    # A result of another invocation (data parallel at H = 4, the same tokens), as a second
+    # grid leaves it.
+    other = json.loads(next(x for x in lines if json.loads(x)["label"] == "dp"))
+    other.update(key=other["key"].replace('"inner_steps": 2', '"inner_steps": 4'), h=4)
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(other) + "\n")
+
+    def cells() -> set[tuple[str, ...]]:
+        rows = [r for r in (out / "ladder.md").read_text().splitlines() if r.startswith("| ")]
+        return {tuple(c.strip() for c in r.split("|")[1:6]) for r in rows[1:]}
+
+    tiny = {(lb, m, "2", "2", "0") for lb in ("dp", "sync_diloco") for m in ("1", "2")}
+    # again: nothing run; the report is this grid's, without the other invocation's row
+    again = run_benchmark("ladder", "--tiny", "--out", str(out), timeout=120, tmp_path=tmp_path)
+    assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 5
+    assert cells() == tiny
+    # and reporting every result the folder holds: one row per method, M, H and rounds
     args = ("--tiny", "--out", str(out), "--report-all")
     again = run_benchmark("ladder", *args, timeout=120, tmp_path=tmp_path)
-    assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 4
-    rows = [r for r in (out / "ladder.md").read_text().splitlines() if r.startswith("| ")][1:]
-    cells = {tuple(c.strip() for c in r.split("|")[1:6]) for r in rows}
-    assert cells == {(lb, m, "2", "2", "0") for lb in ("dp", "sync_diloco") for m in ("1", "2")}
+    assert again == fig and len((out / "results.jsonl").read_text().splitlines()) == 5
+    assert cells() == tiny | {("dp", "1", "4", "1", "0")}  # its tokens: 1 round at H = 4
 
 
 def test_quality_tiny(tmp_path):

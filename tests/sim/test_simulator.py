@@ -53,6 +53,15 @@ def test_replay_of_decoupled_learners_that_never_wait(adopt):
     assert tree_equal(replay(cfg, res.tape), res.params)
 
 
+def test_replay_of_a_sparse_2bit_wire():
+    # wire_topk (EXTENSION) without error feedback: each push's sparse 2-bit encoding is a
+    # function of its pseudo-gradient alone, so the tape replays to the same parameters.
+    cfg = SimConfig(method="dips", eta=50, wire="stat2", wire_topk=0.2, token_budget=3 * ROUND)
+    res = simulate(cfg)
+    assert res.rounds >= 3
+    assert tree_equal(replay(cfg, res.tape), res.params)
+
+
 def test_failure_evicts_rejoins_and_every_token_and_chunk_is_accounted():
     # Learner 1 pulls its first model at ~1.7 s and trains until ~20 s: it crashes mid-round.
     cfg = SimConfig(

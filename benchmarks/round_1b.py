@@ -7,7 +7,11 @@ protocol (join, pull version 0, push request, the leader's transfer plan, data-p
 of real BF16 tensors, transfer done, pull notice, pull of the new version) without training
 (a 1B model's inner steps do not fit beside the followers in 24 GB). The followers start
 from zeros (initializing the model in every process would not fit either) and do not
-checkpoint (``RunSpec.checkpoints=False``: the round alone is timed). Stand-ins pull in
+checkpoint (``RunSpec.checkpoints=False``: the round alone is timed) unless
+``--checkpoints``: then each follower journals the round's inputs (its half of both pushes,
+BF16, synced to disk before it reports its merge) and the step's ``Apply``, and starts its
+checkpoint (FP32 shard and Nesterov state) after it reports the step, written while the
+round's pull goes on (checkpoints off the critical path, issue 21). Stand-ins pull in
 BF16 and drop each tensor as it arrives.
 
 Phases come from the leader's event tape: push (window closed to every transfer done),
@@ -155,6 +159,11 @@ def main() -> None:
     parser.add_argument("--max-gb", type=float, default=23.2, help="GiB; stop above it")
     parser.add_argument("--stand-in", nargs=2, metavar=("SPEC", "J"), help=argparse.SUPPRESS)
     parser.add_argument("--tiny", action="store_true", help="the tiny model: a harness check")
+    parser.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="followers journal the round and checkpoint the new version after reporting it",
+    )
     args = parser.parse_args()
     if args.tiny:
         args.model = "tiny"
@@ -198,7 +207,7 @@ def main() -> None:
         layer_owner=assign_layers(sizes, 2),
         num_chunks=1000,
         heartbeat_interval=30.0,
-        checkpoints=False,
+        checkpoints=args.checkpoints,
         compute_in_turns=True,  # one follower's update temporaries at a time in 24 GB
     )
     spec.write(run_dir / "spec.json")
@@ -262,6 +271,11 @@ def main() -> None:
         path = run_dir / f"follower{k}" / "apply_seconds.jsonl"
         applies.append(json.loads(path.read_text().splitlines()[-1])["seconds"])
     print("followers' outer step (apply) alone: " + ", ".join(f"{a:.1f} s" for a in applies))
+    if args.checkpoints:  # the new version's checkpoints, written after the round's report
+        ckpts = [
+            sorted(p.name for p in (run_dir / f"follower{k}" / "ckpt").iterdir()) for k in range(2)
+        ]
+        print(f"followers' checkpoints on disk after the run: {ckpts}")
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     print(f"round_1b_peak_resident_gib: {peak:.1f} (goal: < {total:.1f}, this host's memory)")
     print(f"round_1b_push_s: {phases['push']:.1f} (goal: paper 60-195 at 100B)")

@@ -228,7 +228,7 @@ def test_load_tiny(tmp_path):
 @pytest.mark.slow
 @pytest.mark.integration
 def test_round_1b_tiny(tmp_path):
-    fig = run_benchmark("round_1b", "--tiny", timeout=400, tmp_path=tmp_path)
+    fig = run_benchmark("round_1b", "--tiny", "--checkpoints", timeout=400, tmp_path=tmp_path)
     expect(
         fig,
         ["round_1b_peak_resident_gib", "round_1b_push_s", "round_1b_update_s", "round_1b_pull_s"],

@@ -224,6 +224,7 @@ SIM: dict[str, Rule] = {
     "min_sigma_ratio": Real(0, 1e6),
     "max_staleness": Optional(Int(0, 1_000_000)),
     "version_cache": Int(1, 4096),
+    "checkpoint_every": Int(1, 1_000_000),
     "deal_chunks": BOOL,
     "schedule": OneOf(("greedy", "optimal")),
     "failures": Seq(Record(LEARNER, TIME, TIME), 10_000),

@@ -47,10 +47,13 @@ class Checkpoints:
             ),
         )
 
-    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        """Starts writing ``state`` (copied now: later updates may reuse its buffers) and
-        ``meta`` as ``step``; returns before the write finishes."""
-        leaves = {f"{i:06d}": np.array(x, copy=True) for i, x in enumerate(jax.tree.leaves(state))}
+    def save(self, step: int, state: Any, meta: dict[str, Any], copy: bool = True) -> None:
+        """Starts writing ``state`` and ``meta`` as ``step``; returns before the write
+        finishes. ``copy``: the arrays are copied now (later updates may reuse their
+        buffers); ``False``: written from their buffers, which the caller keeps unchanged
+        until :meth:`wait` returns (no copy in time or memory)."""
+        take = (lambda x: np.array(x, copy=True)) if copy else np.asarray
+        leaves = {f"{i:06d}": take(x) for i, x in enumerate(jax.tree.leaves(state))}
         args = self._ocp.args
         saved = self.manager.save(
             step,

@@ -4,20 +4,30 @@ pushes and pulls, and a control client that carries out the leader's decisions.
 A driver of :meth:`dipsjax.syncer.Follower.handle` (the follower's protocol, the one the
 simulator runs): pushes arrive on the data plane (whole, checked) and are staged; the
 leader's actions arrive on the ``Watch`` stream, go to the core, and the commands that come
-back are carried out in order: ``Save`` (orbax, on disk before the next command), ``Send``
-(the control client), ``Exit``. It decides nothing. Pulls are served from version
-snapshots while the next round's pushes arrive.
+back are carried out in order: ``Save`` (the journal's on disk before the next command; a
+checkpoint's started), ``Send`` (the control client), ``Exit``. It decides nothing. Pulls
+are served from version snapshots while the next round's pushes arrive.
 
-Checkpoints: after every outer step the :class:`~dipsjax.syncer.follower.FollowerState`
-(version, shard, outer state) is saved with orbax to ``RUN_DIR/follower{k}/ckpt/{version}``
-(the 3 newest kept) before the step is reported (the core's ordering rule: a follower
-killed at any moment comes back at the leader's version, or one more mid-update; one whose
-save fails exits non-zero without reporting). ``--resume V`` restarts from the checkpoint
-of version ``V`` (the leader's version, which the launcher reads from the leader's
-snapshot); ``--resume latest`` from the newest one, or, with none on disk (killed before
-its first checkpoint, during compilation), from version 0
-(:func:`~dipsjax.syncer.follower.resume_step`). SIGTERM exits cleanly, after the writes in
-flight.
+Checkpoints off the round's critical path. The journal, in ``RUN_DIR/follower{k}/journal``,
+is on disk before what it backs is reported (the core's ordering rule): each decided
+round's inputs (``decided-v{V}-r{R}.npz``: its ``Decide`` and stacked batch, before the
+merge is reported) and each step's ``Apply`` (``applied-v{V}-r{R}.json``, a few bytes,
+before the step is reported); each written whole (a temporary file, synced, renamed). The
+:class:`~dipsjax.syncer.follower.FollowerState` (version, shard, outer state) of every
+``checkpoint_every``-th version is saved with orbax to ``RUN_DIR/follower{k}/ckpt/{version}``
+(the 3 newest kept) after the step is reported, in orbax's thread, from the live buffers
+(no copy: the parameters are never written in place, and the next outer step, which
+donates the outer state's buffers, first waits for the write). Once a checkpoint is on
+disk and the leader counted its version (it sends the next ``Apply``), the journal's older
+entries are deleted. A follower killed at any moment comes back at the leader's version,
+or one more mid-update: ``--resume V`` restores the newest checkpoint at or below version
+``V`` (the leader's, which the launcher reads from its snapshot) and redoes the journal's
+steps up to ``V``; ``--resume latest`` the newest checkpoint and every step the journal
+holds; with no checkpoint on disk (killed before its first one, during compilation)
+version 0 (:func:`~dipsjax.syncer.follower.resume_step`,
+:meth:`~dipsjax.syncer.follower.Follower.redo`). One whose journal write or checkpoint
+fails exits non-zero (a journal write: before reporting). SIGTERM exits cleanly, after
+the writes in flight.
 
 Faults: a heartbeat thread tells the leader the follower is alive (one silent for 3
 intervals is lost and the round that needs it discarded whole). A restarted follower first
@@ -119,13 +129,17 @@ class FollowerNode:
             (shard, opt_state), meta = self.ckpt.restore(template, step=step)
             version = int(meta["version"])
             ended = meta.get("ended", [])  # rounds over by then: their replays are refused
-            self.ckpt.drop_after(version)  # a newer step is from a round never finished
-            log.info("resumed at version %d", version)
+            self.ckpt.drop_after(version)  # newer ones are of versions past the leader's
         elif resume is not None:
             self.ckpt.drop_after(-1)  # steps of versions the leader never counted
             log.info(
                 "no checkpoint to resume from in %s: starting at version 0", self.ckpt.directory
             )
+        else:  # a new run: a journal left in its folder is of another one
+            for old in self.journal.glob("*"):
+                old.unlink()
+        self.checkpointed = version  # the newest checkpoint known to be on disk
+        self.saving: int | None = None  # the version of the checkpoint being written
         self.follower = Follower(
             k,
             shard,
@@ -136,6 +150,8 @@ class FollowerNode:
             ended=ended,
             **spec.sim.follower_options(),  # as the simulator's followers
         )
+        if resume is not None:  # restarted: the steps its journal holds since, redone
+            self._redo(None if resume < 0 else resume, step)
         self.applied_tokens = self._applied_tokens(version)  # TensorBoard's x-axis
         if init == "model":  # compile before joining (too costly in memory for huge models)
             # What arrives: BF16 (stat2's levels are BF16 values, decoded as such too).
@@ -147,7 +163,8 @@ class FollowerNode:
             log.info("compiled its outer step in %.1f s", time.perf_counter() - t0)
         if step is None and spec.checkpoints:  # version 0 too: a run can stop before step 1
             st = self.follower.state
-            self.ckpt.save(0, (st.params, st.opt_state), {"version": 0})
+            self.ckpt.save(0, (st.params, st.opt_state), {"version": 0}, copy=False)
+            self.saving = 0
         self.lock = threading.Lock()
         self.busy = False  # carrying out an action: SIGTERM waits for it to finish
         self.terminating = False
@@ -178,8 +195,6 @@ class FollowerNode:
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
         self.follower.address = self.address
         self.exit_code = 0
-        if resume is not None:  # restarted: it may hold a decided round's inputs
-            self._restore_inputs()
 
     def _applied_tokens(self, version: int) -> int:
         """The tokens the versions up to ``version`` applied (``decisions.jsonl``; 0 when
@@ -269,6 +284,7 @@ class FollowerNode:
         """Hands one action to the core and carries out its commands; False on ``Exit``."""
         if isinstance(action, m.Apply):
             time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
+            self._checkpoint_written()  # the step donates the outer state's buffers
         with self.lock:
             compute = isinstance(action, m.RequestNorms | m.Decide | m.Apply)
             with self._turn() if compute else contextlib.nullcontext():
@@ -281,17 +297,20 @@ class FollowerNode:
         return self.carry_out(commands, seconds)
 
     def carry_out(self, commands: list[m.Command], apply_s: float = 0.0) -> bool:
-        """Carries out the core's commands in order: ``Save`` (on disk before the next
-        command: a failed one raises and nothing after it is sent), ``Send``, ``Exit``
-        (returns False). The bookkeeping of an outer step comes after its report."""
+        """Carries out the core's commands in order: ``Save`` (the journal's on disk before
+        the next command: a failed one raises and nothing after it is sent; a checkpoint
+        started), ``Send``, ``Exit`` (returns False). The bookkeeping of an outer step
+        comes after its report."""
         after = None
         for c in commands:
             if isinstance(c, m.Save) and c.kind == "inputs":
                 self._save_inputs(c.round_id, c.version)
-            elif isinstance(c, m.Save):
-                self._save_version(c.version)
+            elif isinstance(c, m.Save) and c.kind == "applied":
+                self._save_applied(c.round_id, c.version)
                 d, a = self.follower.last_applied
                 after = functools.partial(self._after_apply, d, a, c.version, apply_s)
+            elif isinstance(c, m.Save):
+                self._save_version(c.version)
             elif isinstance(c, m.Send):
                 self.control.call(c.event)
             elif isinstance(c, m.Exit):
@@ -303,9 +322,9 @@ class FollowerNode:
         return True
 
     def _save_version(self, version: int) -> None:
-        """The shard, outer state and ended rounds of ``version``, on disk on return (orbax
-        writes in its thread; this waits). A save that fails ends the process non-zero
-        before the step is reported: the leader never counts a step not on disk."""
+        """Starts writing the shard, outer state and ended rounds of ``version`` (orbax, in
+        its thread, from the live buffers: :meth:`_checkpoint_written` waits for it before
+        the next outer step donates them)."""
         if not self.spec.checkpoints:
             return
         st = self.follower.state
@@ -313,27 +332,74 @@ class FollowerNode:
             raise RuntimeError(f"follower {self.k}: asked to save {version} at {st.version}")
         meta = {"version": version, "ended": self.follower.ended_rounds()}
         try:
-            self.ckpt.save(version, (st.params, st.opt_state), meta)
-            self.ckpt.wait()
-            log.debug("checkpoint of version %d saved", version)
+            self.ckpt.save(version, (st.params, st.opt_state), meta, copy=False)
         except Exception as e:
             raise SystemExit(
-                f"follower {self.k}: checkpoint of version {version} failed, "
-                f"not reporting it: {e!r}"
+                f"follower {self.k}: checkpoint of version {version} failed: {e!r}"
             ) from e
+        self.saving = version
+
+    def _checkpoint_written(self) -> None:
+        """Waits for the checkpoint being written, if any (off the critical path unless a
+        round is shorter than the write), then deletes the journal's entries it and the
+        leader's count make useless: it is sent the next ``Apply``, so it counted this
+        follower's version, and no resume goes back past it. A write that failed ends the
+        process non-zero (its journal still holds every step since the last good one)."""
+        if self.saving is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.ckpt.wait()
+        except Exception as e:
+            raise SystemExit(
+                f"follower {self.k}: checkpoint of version {self.saving} failed: {e!r}"
+            ) from e
+        waited = time.perf_counter() - t0
+        if waited > 0.05:
+            log.info("waited %.2f s for the checkpoint of version %d", waited, self.saving)
+        self.checkpointed, self.saving = self.saving, None
+        for path, version, _ in self._journal():
+            if version < self.checkpointed or (
+                path.name.startswith("applied") and version == self.checkpointed
+            ):
+                path.unlink(missing_ok=True)
 
     @property
-    def inputs_path(self) -> Path:
-        # In a folder of its own: the .npz files beside it are shards of evaluated versions.
-        return Path(self.spec.run_dir) / f"follower{self.k}" / "inputs" / "decided.npz"
+    def journal(self) -> Path:
+        return Path(self.spec.run_dir) / f"follower{self.k}" / "journal"
+
+    def _journal(self) -> list[tuple[Path, int, int]]:
+        """The journal's entries, ``(path, version, round)``, by name (``decided``: the
+        version the round was decided at; ``applied``: the version its step made)."""
+        got = []
+        for path in sorted(self.journal.glob("*-v*-r*.*")):
+            kind, v, r = path.stem.split("-")
+            if kind in ("decided", "applied") and path.suffix in (".npz", ".json"):
+                got.append((path, int(v[1:]), int(r[1:])))
+        return got
+
+    def _write_whole(self, path: Path, write: Any, what: str, unsent: str) -> None:
+        """``write(file)`` into ``path`` whole (a temporary file, synced, then renamed); a
+        failure ends the process non-zero before anything after it is reported."""
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with tmp.open("wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except Exception as e:
+            raise SystemExit(
+                f"follower {self.k}: saving {what} failed, not reporting {unsent}: {e!r}"
+            ) from e
 
     def _save_inputs(self, round_id: int, version: int) -> None:
         """The inputs of decided ``round_id`` (its ``Decide`` and stacked batch), on disk on
-        return, whole (a temporary file, synced, then renamed): a follower killed while
-        the round is applied restarts from the checkpoint of ``version`` holding them and
-        redoes the step. One file, the newest decided round's (one round is decided at a
-        time). A write that fails ends the process non-zero before the merge is reported:
-        the leader never applies a round whose inputs one follower could lose."""
+        return, whole: a follower killed while the round is applied, or later, before a
+        checkpoint holds the step, redoes it from them. A write that fails ends the
+        process non-zero before the merge is reported: the leader never applies a round
+        whose inputs one follower could lose."""
         if not self.spec.checkpoints:
             return
         decision, stacked = self.follower.round_inputs(round_id)
@@ -345,27 +411,64 @@ class FollowerNode:
             # BF16 as its bits: npz keeps only numpy's own dtypes.
             arrays[key] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
         doc = {"version": version, "dtypes": dtypes, "decide": m.to_json(decision)}
-        path = self.inputs_path
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with tmp.open("wb") as fh:
-                np.savez(fh, __doc__=np.asarray(json.dumps(doc)), **arrays)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except Exception as e:
-            raise SystemExit(
-                f"follower {self.k}: saving the inputs of round {round_id} failed, "
-                f"not reporting its merge: {e!r}"
-            ) from e
+        self._write_whole(
+            self.journal / f"decided-v{version:09d}-r{round_id:09d}.npz",
+            lambda fh: np.savez(fh, __doc__=np.asarray(json.dumps(doc)), **arrays),
+            f"the inputs of round {round_id}",
+            "its merge",
+        )
 
-    def _restore_inputs(self) -> None:
-        """A restarted follower takes back the inputs it saved, if they are of the version
-        it restored (the core decides; see ``Follower.restore_inputs``)."""
-        path = self.inputs_path
-        if not path.exists():
+    def _save_applied(self, round_id: int, version: int) -> None:
+        """The ``Apply`` of the step that made ``version`` and the rounds ended by then, on
+        disk on return, whole, before the step is reported."""
+        if not self.spec.checkpoints:
             return
+        _, a = self.follower.last_applied
+        doc = {"apply": m.to_json(a), "ended": self.follower.ended_rounds()}
+        self._write_whole(
+            self.journal / f"applied-v{version:09d}-r{round_id:09d}.json",
+            lambda fh: fh.write(json.dumps(doc).encode()),
+            f"the step of round {round_id}",
+            "it",
+        )
+
+    def _redo(self, upto: int | None, step: int | None) -> None:
+        """A restarted follower redoes the steps its journal holds since the checkpoint it
+        restored (``step``; ``None``: version 0), up to version ``upto`` (``None``: all),
+        and takes back the inputs of a round decided at the version it reaches (the core
+        decides, :meth:`~dipsjax.syncer.follower.Follower.redo`); the journal's entries
+        past ``upto`` (versions the leader never counted) are deleted."""
+        decided, applied = [], []
+        for path, version, round_id in self._journal():
+            if upto is not None and version > upto:
+                path.unlink()
+            elif path.suffix == ".json":
+                doc = json.loads(path.read_text())
+                a = m.from_json(doc["apply"])
+                assert isinstance(a, m.Apply) and a.round_id == round_id, path
+                applied.append((a, doc["ended"]))
+            else:
+                decided.append((version, *self._read_inputs(path)))
+        redone = self.follower.redo(decided, applied, upto)
+        v = self.follower.version
+        if upto is not None and v != upto:
+            raise FileNotFoundError(
+                f"follower {self.k}: cannot resume at version {upto}: its checkpoint is of "
+                f"version {step or 0} and its journal ({self.journal}) redoes only to {v}"
+            )
+        log.info(
+            "resumed at version %d (checkpoint of version %d, %d step%s redone from its journal)",
+            v,
+            step or 0,
+            redone,
+            "" if redone == 1 else "s",
+        )
+        for r in self.follower.decided_rounds():
+            log.info("holds the inputs of round %d (decided at version %d)", r, v)
+
+    def _read_inputs(self, path: Path) -> tuple[m.Decide, Any]:
+        """A decided round's ``Decide`` and stacked batch, as :meth:`_save_inputs` wrote
+        them; raises ``ValueError`` naming the file if they do not fit this shard."""
         with np.load(path) as z:
             doc = json.loads(str(z["__doc__"]))
             leaves = {}
@@ -376,13 +479,9 @@ class FollowerNode:
                 x = z[key]
                 leaves[p] = x.view(jnp.bfloat16) if doc["dtypes"][key] == "bfloat16" else x
         decision = m.from_json(doc["decide"])
-        assert isinstance(decision, m.Decide), path
-        if self.follower.restore_inputs(int(doc["version"]), decision, outer.unflatten(leaves)):
-            log.info(
-                "holds the inputs of round %d (decided at version %s)",
-                decision.round_id,
-                doc["version"],
-            )
+        if not isinstance(decision, m.Decide):
+            raise ValueError(f"follower {self.k}: {path} holds no Decide")
+        return decision, outer.unflatten(leaves)
 
     def _send_until_up(self, commands: list[m.Command]) -> None:
         """Sends the core's join commands, waiting for a leader that may be restarting
@@ -414,7 +513,7 @@ class FollowerNode:
             list(d.learners),
             a.clip_factor,
             apply_s,
-            ", checkpoint saved" if self.spec.checkpoints else "",
+            ", checkpoint started" if self.saving == v else "",
         )
         # TensorBoard against the tokens its versions hold (the run's common x-axis).
         self.applied_tokens += sum(n for n, ok in zip(d.tokens, d.accepted, strict=True) if ok)

@@ -22,12 +22,15 @@ Timing (virtual seconds):
 Disk (:class:`FollowerDisk`, kept once :meth:`LocalCluster.model_processes` is called): what
 the follower process of ``runtime/follower.py`` writes, and nothing else. Its checkpoint of
 version 0 (written before it joins), then a checkpoint (version, shard, outer state, ended
-rounds) for each ``Save('version')`` and the round's inputs (``Decide`` and stacked batch,
-one file, the newest) for each ``Save('inputs')``, as copies, when the core returns them
-(before the commands after them). The report of an outer step leaves ``update_seconds``
-later (the step's time): a kill in between finds the new version on disk and the report
-never sent; a kill before the ``Apply`` arrives finds the previous version and the round's
-inputs (the files a kill during the step's computation leaves). A killed follower loses
+rounds) for each ``Save('version')`` (every ``checkpoint_every`` versions), and its
+journal: each decided round's inputs (``Decide`` and stacked batch) for each
+``Save('inputs')`` and each step's ``Apply`` for each ``Save('applied')``, as copies, when
+the core returns them (before the commands after them); a checkpoint frees the journal's
+older entries. The report of an outer step leaves ``update_seconds`` later (the step's
+time): a kill in between finds the step's ``Apply`` on disk and the report never sent; a
+kill before the ``Apply`` arrives finds the round's inputs without it (the files a kill
+during the step's computation leaves). A restarted follower redoes the steps since its
+newest checkpoint (:meth:`~dipsjax.syncer.follower.Follower.redo`). A killed follower loses
 everything else: staged shards, version cache, the actions queued to it and those sent
 while it is down; pushes to it and pulls from it wait until it is back (the runtime's
 learners retry them).
@@ -92,11 +95,13 @@ def _copy(tree: Any) -> Any:
 @dataclasses.dataclass
 class FollowerDisk:
     """A follower's files: checkpoints by version (the ``keep`` newest, as orbax keeps
-    them: ``(params, opt_state, ended rounds)``), and the newest decided round's inputs
-    ``(version, Decide, stacked batch)``."""
+    them: ``(params, opt_state, ended rounds)``), and its journal since the newest one:
+    decided rounds' inputs ``(version, Decide, stacked batch)`` and steps' ``(Apply,
+    ended rounds)``, by round."""
 
     checkpoints: dict[int, tuple[Any, Any, list[list[int]]]]
-    inputs: tuple[int, m.Decide, Any] | None = None
+    decided: dict[int, tuple[int, m.Decide, Any]] = dataclasses.field(default_factory=dict)
+    applied: dict[int, tuple[m.Apply, list[list[int]]]] = dataclasses.field(default_factory=dict)
     keep: int = 3
 
     def save_version(self, f: Follower) -> None:
@@ -104,14 +109,23 @@ class FollowerDisk:
         self.checkpoints[st.version] = (_copy(st.params), _copy(st.opt_state), f.ended_rounds())
         for v in sorted(self.checkpoints)[: -self.keep]:
             del self.checkpoints[v]
+        # What the journal holds before this version, the checkpoint has.
+        self.decided = {r: e for r, e in self.decided.items() if e[0] >= st.version}
+        self.applied = {r: e for r, e in self.applied.items() if e[0].version > st.version}
 
     def save_inputs(self, f: Follower, round_id: int, version: int) -> None:
         decision, stacked = f.round_inputs(round_id)
-        self.inputs = (version, decision, _copy(stacked))
+        self.decided[round_id] = (version, decision, _copy(stacked))
+
+    def save_applied(self, f: Follower, round_id: int) -> None:
+        _, a = f.last_applied
+        assert a.round_id == round_id, (a, round_id)
+        self.applied[round_id] = (a, f.ended_rounds())
 
     def restore(self, dead: Follower) -> Follower:
         """The follower a restarted process builds (``--resume latest``): the newest
-        checkpoint, then the saved inputs if they are of its version (the core decides)."""
+        checkpoint, then the steps its journal holds since, redone, and the inputs of a
+        round decided at its version (the core decides)."""
         v = max(self.checkpoints)
         params, opt_state, ended = self.checkpoints[v]
         f = Follower(
@@ -126,11 +140,10 @@ class FollowerDisk:
             ended=ended,
             learners=dead.learners,
             refuse_nonfinite=dead.refuse_nonfinite,
+            checkpoint_every=dead.checkpoint_every,
         )
         f.address = dead.address
-        if self.inputs is not None:
-            version, decision, stacked = self.inputs
-            f.restore_inputs(version, decision, stacked)
+        f.redo(self.decided.values(), self.applied.values())
         return f
 
 
@@ -236,6 +249,8 @@ class LocalCluster:
                 self.saves[c.kind] += 1
                 if self.disk is not None and c.kind == "inputs":
                     self.disk[k].save_inputs(self.followers[k], c.round_id, c.version)
+                elif self.disk is not None and c.kind == "applied":
+                    self.disk[k].save_applied(self.followers[k], c.round_id)
                 elif self.disk is not None:
                     self.disk[k].save_version(self.followers[k])
             elif isinstance(c, m.Send):

@@ -74,6 +74,12 @@ class SimConfig:
     such a learner takes a new version: ``replace`` its parameters (default), or ``delta``:
     keep them and add the global change since the version it started from.
 
+    Follower checkpoints: ``checkpoint_every`` (default 1) says which versions a follower
+    checkpoints (the multiples of it). A checkpoint is written after the step is reported
+    and nobody waits for it; a restarted follower redoes the steps since its newest one
+    from its journal (each decided round's inputs and each step's ``Apply``, on disk
+    before they are reported), :meth:`dipsjax.syncer.follower.Follower.redo`.
+
     Data assignment: chunks are leased on demand (the first learner to ask gets the next
     chunk); ``deal_chunks=True`` deals them in turns, so learner ``j``'s ``i``-th chunk is
     fixed (DiLoCo's per-worker data shards): synchronous DiLoCo's rounds then do not depend
@@ -151,6 +157,7 @@ class SimConfig:
     min_sigma_ratio: float = rules.AnomalyConfig.min_sigma_ratio
     max_staleness: int | None = None
     version_cache: int = 8
+    checkpoint_every: int = 1
     deal_chunks: bool = False
     schedule: str = "greedy"
     failures: tuple[tuple[int, float, float], ...] = ()
@@ -209,6 +216,7 @@ class SimConfig:
             ),
             (self.quorum >= 1, "quorum", ">= 1"),
             (self.version_cache >= 1, "version_cache", ">= 1"),
+            (self.checkpoint_every >= 1, "checkpoint_every", ">= 1"),
             (self.schedule in ("greedy", "optimal"), "schedule", "greedy or optimal"),
             (self.adopt in ("replace", "delta"), "adopt", "replace or delta"),
             (self.eval_every >= 1, "eval_every", ">= 1"),
@@ -329,6 +337,7 @@ class SimConfig:
             "learners": self.learners,  # learner ids are 0..learners-1
             "version_cache": self.version_cache,
             "refuse_nonfinite": self.refuse_nonfinite,
+            "checkpoint_every": self.checkpoint_every,
         }
 
     def outer(self) -> tuple[float, float]:

@@ -31,6 +31,16 @@ results equal FP32 staging bit for bit, tested), so a round holds its
 contributions once, at wire precision: what lets a 1B-parameter round fit on one host.
 Applying is idempotent: a version at or below the follower's own is ignored (retries and
 a restarted leader cannot apply a round twice).
+
+Durability (the commands the driver carries out, in order). A decided round's inputs are on
+disk before its merge is reported (``Save("inputs")``), and each step's ``Apply`` before the
+step is reported (``Save("applied")``, a few bytes): the journal. The checkpoint of the new
+version (shard and outer state) is only started after the report, every
+``checkpoint_every`` versions, and nobody waits for it: it is off the round's critical
+path. A restarted follower restores its newest checkpoint and redoes the steps its journal
+holds since (:meth:`Follower.redo`: the same inputs through the same compiled step, so the
+same parameters bit for bit), so it comes back at the version it reported, or holding the
+inputs of the round it was applying.
 """
 
 from __future__ import annotations
@@ -107,12 +117,15 @@ class Follower:
         ended: Iterable[Sequence[int]] = (),
         learners: int | None = None,
         refuse_nonfinite: bool = False,
+        checkpoint_every: int = 1,
     ) -> None:
         """``ended``: rounds that ended before a restart, as ``[first, last]`` ranges (what
         :meth:`ended_rounds` gave, kept in the checkpoint): pushes for them are replays.
         ``learners``: the job's learner count (a push from an id outside ``[0, learners)``
         is refused; ``None``: any id >= 0). ``refuse_nonfinite`` (extension, off by default:
-        the papers stage any value): a push holding NaN or Inf is refused."""
+        the papers stage any value): a push holding NaN or Inf is refused.
+        ``checkpoint_every``: the versions it asks to checkpoint (``Save("version")``) are
+        the multiples of this; a restart redoes the steps since from its journal."""
         if learners is not None and learners < 1:
             raise ValueError(f"learners must be >= 1, got {learners}")
         self.learners = learners
@@ -126,6 +139,9 @@ class Follower:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         if version_cache < 1:
             raise ValueError(f"version_cache must be >= 1, got {version_cache}")
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
+        self.checkpoint_every = int(checkpoint_every)
         self.follower_id = follower_id
         self.tx = tx
         self.capacity = capacity
@@ -389,6 +405,45 @@ class Follower:
         self.decisions[r] = decision
         return True
 
+    def redo(
+        self,
+        decided: Iterable[tuple[int, Decide, Any]],
+        applied: Iterable[tuple[Apply, Iterable[Sequence[int]]]],
+        upto: int | None = None,
+    ) -> int:
+        """A restarted follower, built from its newest checkpoint, redoes the outer steps
+        its journal holds since. ``decided``: the inputs it saved (``Save("inputs")``: the
+        version a round was decided at, its ``Decide`` and stacked batch); ``applied``: the
+        ``Apply`` of each step it took (``Save("applied")``) with the rounds ended by then
+        (:meth:`ended_rounds`). From its version on, the round decided at its version and
+        applied is applied again (the same inputs through the same compiled step: the
+        parameters it had, bit for bit), up to version ``upto`` (``None``: every step the
+        journal holds); then it takes back the newest round decided at its version and not
+        applied (:meth:`restore_inputs`: it was killed while applying it). Entries of other
+        versions are ignored. Returns the number of steps redone."""
+        at: dict[int, dict[int, tuple[Decide, Any]]] = collections.defaultdict(dict)
+        for version, decision, stacked in decided:
+            at[int(version)][decision.round_id] = (decision, stacked)
+        steps = {a.round_id: (a, ended) for a, ended in applied}
+        redone = 0
+        while upto is None or self.version < upto:
+            todo = [
+                r
+                for r in at.get(self.version, {})
+                if r in steps and steps[r][0].version == self.version + 1
+            ]
+            if not todo or not self.restore_inputs(self.version, *at[self.version][todo[0]]):
+                break
+            decision, _ = at[self.version][todo[0]]
+            a, ended = steps[todo[0]]
+            self.apply(decision, a)
+            self._done.update(r for lo, hi in ended for r in range(int(lo), int(hi) + 1))
+            redone += 1
+        open_rounds = sorted(r for r in at.get(self.version, {}) if r not in self._done)
+        if open_rounds:
+            self.restore_inputs(self.version, *at[self.version][open_rounds[-1]])
+        return redone
+
     def holds(self, round_id: int, learners: tuple[int, ...] | None = None) -> bool:
         """Whether this follower can serve ``round_id``: its batch is stacked, or (given the
         round's ``learners``) every one of their shards is staged."""
@@ -446,7 +501,8 @@ class Follower:
 
     def handle(self, action: Action, now: float) -> list[Command]:
         """Carries out one of the leader's actions; returns what the driver must do, in
-        order (a ``Save`` is on disk before the next command is carried out)."""
+        order (a ``Save`` of inputs or of an ``Apply`` is on disk before the next command
+        is carried out; a ``Save`` of a version is started, not waited for)."""
         k = self.follower_id
         if isinstance(action, Rejoin):
             if action.follower != k:
@@ -506,9 +562,12 @@ class Follower:
         decision = self.decisions[r]
         v = self.apply(decision, a)
         self.last_applied = (decision, a)
-        # The ordering rule: on disk before the leader hears of it, so a follower killed
-        # at any moment restarts at a version the leader counted (or one more, mid-apply).
-        return [Save("version", r, v), Send(FollowerApplied(now, k, r, v))]
+        # The ordering rule: its Apply on disk before the leader hears of the step (with the
+        # inputs saved at the merge, what a restart redoes it from), so a follower killed at
+        # any moment restarts at a version the leader counted (or one more, mid-apply). The
+        # checkpoint is started after the report: nobody waits for it.
+        save = [Save("version", r, v)] if v % self.checkpoint_every == 0 else []
+        return [Save("applied", r, v), Send(FollowerApplied(now, k, r, v)), *save]
 
     def _end_before(self, round_id: int) -> None:
         """Rounds older than ``round_id`` are over (the leader moved on: one round is
@@ -545,24 +604,26 @@ class Follower:
 
 
 def resume_step(steps: Sequence[int], resume: int) -> int | None:
-    """The checkpoint step a follower started with ``--resume`` restores, or ``None``: start
-    from version 0, the initial shard. ``resume``: a version, or ``-1`` for the newest
-    (``latest``: the launcher's restart after a crash).
+    """The checkpoint step a follower started with ``--resume`` restores (its journal
+    redoes the steps after it, :meth:`Follower.redo`), or ``None``: start from version 0,
+    the initial shard. ``resume``: a version (the newest checkpoint at or below it), or
+    ``-1`` for the newest (``latest``: the launcher's restart after a crash).
 
     With no checkpoint on disk (killed before its first one, during compilation) the
-    newest is version 0: the leader counts a step only once the follower checkpointed it,
-    so a run cannot have applied a version this follower never saved. Version 0 is the
-    initial shard, so ``resume=0`` needs no checkpoint either (a step 1 beside it was
-    written mid-update, of a version the leader never counted). Raises
-    ``FileNotFoundError`` for another version that is not on disk."""
+    newest is version 0: a follower's first checkpoint, of version 0, is on disk before
+    it joins, so a run cannot have applied a version without it. Version 0 is the initial
+    shard, so ``resume=0`` needs no checkpoint either (a step 1 beside it was taken in a
+    round the leader never counted). Raises ``FileNotFoundError`` for a version with no
+    checkpoint at or below it (checkpoints of another run's folder, or deleted)."""
     steps = sorted(steps)
     if resume < 0:
         return steps[-1] if steps else None
-    if resume in steps:
-        return resume
+    below = [s for s in steps if s <= resume]
+    if below:
+        return below[-1]
     if resume == 0 and all(s <= 1 for s in steps):
         return None
-    raise FileNotFoundError(f"no checkpoint of version {resume} (has {steps})")
+    raise FileNotFoundError(f"no checkpoint at or below version {resume} (has {steps})")
 
 
 def warm_up(shard: Any, tx: Any, capacity: int, reference: str, wire_dtype: Any) -> None:

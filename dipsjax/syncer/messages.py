@@ -549,10 +549,13 @@ class Pull(Command):
 @dataclasses.dataclass(frozen=True)
 class Save(Command):
     """Checkpoint: a learner's inner state as checkpoint ``step`` (``kind`` ``start``: at
-    a round's start, or ``pushed``: its push is on the followers, of ``round_id``), a
-    follower's shard at ``version`` (``kind`` ``version``), or a follower's inputs of
-    decided round ``round_id`` at ``version`` (``kind`` ``inputs``: its batch and
-    ``Decide``, :meth:`~dipsjax.syncer.follower.Follower.round_inputs`)."""
+    a round's start, or ``pushed``: its push is on the followers, of ``round_id``); a
+    follower's inputs of decided round ``round_id`` at ``version`` (``kind`` ``inputs``:
+    its batch and ``Decide``, :meth:`~dipsjax.syncer.follower.Follower.round_inputs`), the
+    ``Apply`` that made ``version`` of round ``round_id`` (``kind`` ``applied``: with the
+    inputs, the journal a restart redoes the step from), both on disk before the next
+    command; or its shard at ``version`` (``kind`` ``version``: started, not waited for,
+    after the step's report)."""
 
     kind: str
     round_id: int = -1

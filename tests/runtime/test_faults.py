@@ -6,6 +6,7 @@ twice, and a tape that replays to the final parameters."""
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -338,8 +339,9 @@ def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_i
     restart (from the checkpoint of v) holds them, joins listing the round, is sent the
     ``Apply`` again and applies v + 1; the run reaches its budget and replays exactly.
     ``apply_delay`` holds each follower 0.6 s before its outer step, so the kill lands
-    inside it."""
-    sim = _sim(pushes=8)
+    inside it. Issue 21: followers checkpoint every 3rd version, after its report; the
+    restart redoes the steps since its newest checkpoint from its journal first."""
+    sim = _sim(pushes=8, checkpoint_every=3)
     run, _spec, launcher = _start_calm(tmp_path, sim, apply_delay=0.6)
     st = _wait(lambda: (s := _status(run))["phase"] == "apply" and s, "an outer step", launcher)
     _kill(run, "follower1")
@@ -348,7 +350,12 @@ def test_a_follower_killed_while_the_others_apply_the_round_redoes_it_from_its_i
     _only_restart(run, "follower1")
     r, v = st["round"]["id"], st["version"]
     log = (run / "logs" / "follower1.log").read_text()
-    assert f"follower1: resumed at version {v}" in log
+    got = re.search(
+        rf"follower1: resumed at version {v} \(checkpoint of version (\d+), (\d+) steps? redone",
+        log,
+    )
+    assert got, log[-2000:]
+    assert int(got[1]) % 3 == 0 and int(got[1]) + int(got[2]) == v
     assert f"follower1: holds the inputs of round {r} (decided at version {v})" in log
     (applied,) = [x for x in tape.round_records() if x.round_id == r]
     assert applied.applied and applied.version == v + 1

@@ -1,108 +1,151 @@
 """The follower process's driver carries out the core's commands in order, deciding
-nothing: a Save is on disk before the report, and one that fails ends the process
-non-zero with the report unsent."""
+nothing: the journal (a decided round's inputs, a step's ``Apply``) is on disk before the
+report and one that fails ends the process non-zero with the report unsent; the
+checkpoint is started after the report, written while the next round goes on, and waited
+for only before the next outer step, which then frees the journal it covers."""
 
-import types
+import json
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from dipsjax import outer
 from dipsjax.runtime.follower import FollowerNode
+from dipsjax.syncer import Follower
 from dipsjax.syncer import messages as m
 
 
-class _Disk:
-    def __init__(self, fail=None):
-        self.fail, self.log = fail, []
+class _Checkpoints:
+    def __init__(self, log, fail=None):
+        self.fail, self.log = fail, log
 
-    def save(self, step, state, meta):
+    def save(self, step, state, meta, copy=True):
         if self.fail:
             raise self.fail
-        self.log.append(("save", step, meta["version"]))
+        self.log.append(("checkpoint", step, meta["version"], copy))
 
     def wait(self):
         self.log.append(("wait",))
 
 
-def _node(disk):
-    sent = []
-    node = types.SimpleNamespace(
-        k=1,
-        spec=types.SimpleNamespace(checkpoints=True),
-        ckpt=disk,
-        control=types.SimpleNamespace(call=lambda ev: sent.append(ev) or disk.log.append("send")),
-        follower=types.SimpleNamespace(
-            state=types.SimpleNamespace(version=3, params={}, opt_state=()),
-            ended_rounds=lambda: [[0, 1]],
-            last_applied=("decide", "apply"),
-        ),
-        exit_code=0,
+def _core(version=0):
+    return Follower(
+        1, {"w": np.zeros((2, 3), np.float32)}, outer.diloco(), capacity=2, version=version
     )
-    node._save_version = lambda v: FollowerNode._save_version(node, v)
-    node._after_apply = lambda *a: disk.log.append(("after", *a))
-    return node, sent
 
 
-APPLIED = [m.Save("version", 2, 3), m.Send(m.FollowerApplied(1.0, 1, 2, 3))]
-
-
-def test_the_save_is_on_disk_before_the_report_and_the_bookkeeping_comes_last():
-    disk = _Disk()
-    node, sent = _node(disk)
-    assert FollowerNode.carry_out(node, APPLIED, 0.25) is True
-    assert disk.log == [("save", 3, 3), ("wait",), "send", ("after", "decide", "apply", 3, 0.25)]
-    assert sent == [m.FollowerApplied(1.0, 1, 2, 3)]
-
-
-def test_a_failed_save_exits_non_zero_without_reporting_the_step():
-    node, sent = _node(_Disk(fail=OSError("No space left on device")))
-    with pytest.raises(SystemExit) as e:
-        FollowerNode.carry_out(node, APPLIED)
-    assert "checkpoint of version 3 failed, not reporting it" in str(e.value.code)
-    assert sent == []
-
-
-def test_exit_ends_the_serving_loop_with_its_code():
-    node, sent = _node(_Disk())
-    stop = [m.Exit(m.ExitCode.OK, "budget reached"), m.Send(m.FollowerHeartbeat(0.0, 1))]
-    assert FollowerNode.carry_out(node, stop) is False
-    assert node.exit_code == 0 and sent == []
-
-
-def _inputs_node(tmp_path, follower):
-    node = types.SimpleNamespace(
-        k=1, spec=types.SimpleNamespace(checkpoints=True, run_dir=str(tmp_path)), follower=follower
-    )
-    node.inputs_path = FollowerNode.inputs_path.fget(node)
+def _node(tmp_path, follower=None, fail=None):
+    """A driver without its servers (``FollowerNode`` without ``__init__``): a real core, a
+    real journal in ``tmp_path``, checkpoints and control client that log what they do."""
+    node = FollowerNode.__new__(FollowerNode)
+    node.log, node.sent = [], []
+    node.k = 1
+    node.spec = type("Spec", (), {"checkpoints": True, "run_dir": str(tmp_path)})()
+    node.ckpt = _Checkpoints(node.log, fail)
+    node.control = type("C", (), {})()
+    node.control.call = lambda ev: node.sent.append(ev) or node.log.append("send")
+    node.follower = follower or _core()
+    node.saving, node.checkpointed, node.exit_code = None, 0, 0
+    node._after_apply = lambda *a: node.log.append(("after", *a))
     return node
 
 
-def test_a_decided_rounds_inputs_round_trip_through_the_disk_bit_for_bit(tmp_path):
+def _applied_round(f, r=4):
+    """Round ``r`` staged, merged and applied by core ``f``; returns the commands of its
+    ``Apply``."""
+    f.receive(r, 0, {"w": jnp.full((2, 3), 0.3, jnp.bfloat16)})
+    f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
+    f.partial_norms(r, (0, 1), (f.version,) * 2)
+    d = m.Decide(r, (0, 1), (True, False), (5, 6), (2, 2), (1.0, 0.0), (0.1, 0.2))
+    merged = f.merged_partial(d)
+    return d, f.handle(m.Apply(r, f.version + 1, 1.0, merged), 1.0)
+
+
+def test_the_step_is_journaled_before_the_report_and_the_checkpoint_started_after(tmp_path):
+    node = _node(tmp_path)
+    d, commands = _applied_round(node.follower)
+    assert [type(c).__name__ for c in commands] == ["Save", "Send", "Save"]
+    assert FollowerNode.carry_out(node, commands, 0.25) is True
+    journal = tmp_path / "follower1" / "journal" / f"applied-v{1:09d}-r{4:09d}.json"
+    doc = json.loads(journal.read_text())
+    assert m.from_json(doc["apply"]) == node.follower.last_applied[1]
+    assert doc["ended"] == [[4, 4]]
+    # No wait: the checkpoint is written from the live buffers while the next round runs.
+    assert node.log == [
+        "send",
+        ("checkpoint", 1, 1, False),
+        ("after", d, node.follower.last_applied[1], 1, 0.25),
+    ]
+    assert node.saving == 1 and list(tmp_path.glob("follower1/journal/*.tmp")) == []
+
+
+def test_a_failed_journal_write_exits_non_zero_without_reporting_the_step(tmp_path):
+    node = _node(tmp_path)
+    (tmp_path / "follower1").write_text("not a folder")  # the write fails
+    _, commands = _applied_round(node.follower)
+    with pytest.raises(SystemExit) as e:
+        FollowerNode.carry_out(node, commands)
+    assert "saving the step of round 4 failed, not reporting it" in str(e.value.code)
+    assert node.sent == [] and node.log == []
+
+
+def test_a_checkpoint_that_cannot_start_exits_non_zero_after_the_report(tmp_path):
+    """The step is in the journal and reported: a restart redoes it from there."""
+    node = _node(tmp_path, fail=OSError("No space left on device"))
+    _, commands = _applied_round(node.follower)
+    with pytest.raises(SystemExit) as e:
+        FollowerNode.carry_out(node, commands)
+    assert "checkpoint of version 1 failed" in str(e.value.code)
+    assert node.log == ["send"] and len(list(tmp_path.glob("follower1/journal/applied-*"))) == 1
+
+
+def test_the_next_step_waits_for_the_checkpoint_then_frees_the_journal_it_covers(tmp_path):
+    node = _node(tmp_path)
+    journal = tmp_path / "follower1" / "journal"
+    journal.mkdir(parents=True)
+    names = [
+        f"{kind}-v{v:09d}-r{v + 10:09d}.{ext}"
+        for v in range(1, 6)
+        for kind, ext in (("decided", "npz"), ("applied", "json"))
+    ]
+    for name in names:
+        (journal / name).write_bytes(b"")
+    FollowerNode._checkpoint_written(node)  # nothing being written: nothing to wait for
+    assert node.log == [] and len(list(journal.iterdir())) == len(names)
+    node.saving = 3
+    FollowerNode._checkpoint_written(node)
+    assert node.log == [("wait",)] and (node.saving, node.checkpointed) == (None, 3)
+    # Kept: what redoes version 4 and on from the checkpoint of 3 (a round decided at 3).
+    assert sorted(p.name for p in journal.iterdir()) == sorted(
+        [f"decided-v{3:09d}-r{13:09d}.npz"]
+        + [
+            f"{k}-v{v:09d}-r{v + 10:09d}.{e}"
+            for v in (4, 5)
+            for k, e in (("decided", "npz"), ("applied", "json"))
+        ]
+    )
+
+
+def test_a_decided_rounds_inputs_round_trip_through_the_journal_bit_for_bit(tmp_path):
     """``Save("inputs")`` writes the round's BF16 batch and Decide whole (no temporary file
     left); a process restarted at the same version reads them back into its core, which
     then holds the round (and lists it when it joins), with the same bits."""
-    import jax.numpy as jnp
-    import numpy as np
-
-    from dipsjax import outer
-    from dipsjax.syncer import Follower
-
-    def core():
-        return Follower(1, {"w": np.zeros((2, 3), np.float32)}, outer.diloco(), capacity=2)
-
-    f = core()
+    f = _core()
     f.receive(4, 0, {"w": jnp.full((2, 3), 0.3, jnp.bfloat16)})
     f.receive(4, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
     f.partial_norms(4, (0, 1), (0, 0))
     d = m.Decide(4, (0, 1), (True, False), (5, 6), (2, 2), (1.0, 0.0), (0.1, 0.2))
     f.merged_partial(d)
-    node = _inputs_node(tmp_path, f)
-    FollowerNode._save_inputs(node, 4, 0)
-    assert [p.name for p in tmp_path.glob("follower1/*")] == ["inputs"]  # not a shard file
-    assert [p.name for p in tmp_path.glob("follower1/inputs/*")] == ["decided.npz"]
-    again = core()
-    FollowerNode._restore_inputs(_inputs_node(tmp_path, again))
-    assert again.decided_rounds() == (4,)
-    got_d, got = again.round_inputs(4)
+    FollowerNode._save_inputs(_node(tmp_path, f), 4, 0)
+    assert [p.name for p in tmp_path.glob("follower1/*")] == ["journal"]  # not a shard file
+    assert [p.name for p in tmp_path.glob("follower1/journal/*")] == [
+        f"decided-v{0:09d}-r{4:09d}.npz"
+    ]
+    again = _node(tmp_path)
+    FollowerNode._redo(again, None, None)
+    assert again.follower.decided_rounds() == (4,) and again.follower.version == 0
+    got_d, got = again.follower.round_inputs(4)
     assert got_d == d
     want = f.round_inputs(4)[1]["w"]
     assert got["w"].dtype == jnp.bfloat16 and want.dtype == jnp.bfloat16
@@ -111,12 +154,55 @@ def test_a_decided_rounds_inputs_round_trip_through_the_disk_bit_for_bit(tmp_pat
     )
 
 
-def test_a_failed_inputs_save_exits_non_zero_without_reporting_the_merge(tmp_path):
-    node = _inputs_node(tmp_path, None)
-    node.follower = types.SimpleNamespace(
-        round_inputs=lambda r: (m.Decide(r, (), (), (), (), (), ()), {})
+def test_a_restart_redoes_the_journaled_steps_and_refuses_a_version_it_cannot_reach(tmp_path):
+    """Two steps journaled after the checkpoint of version 0: ``--resume latest`` redoes
+    both (the live core's parameters, bit for bit); ``--resume 1`` redoes one and deletes
+    the entries of the step past it; a resume at a version the journal does not reach
+    fails naming it."""
+    live = _node(tmp_path)
+    for r in (4, 5):
+        f = live.follower
+        f.receive(r, 0, {"w": jnp.full((2, 3), 0.3 * r, jnp.bfloat16)})
+        f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
+        f.partial_norms(r, (0, 1), (f.version,) * 2)
+        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
+        FollowerNode.carry_out(live, f.handle(d, 1.0))
+        FollowerNode.carry_out(live, f.handle(m.Apply(r, f.version + 1, 0.8, 1.0), 2.0))
+    assert live.follower.version == 2
+    again = _node(tmp_path)
+    FollowerNode._redo(again, None, None)
+    assert again.follower.version == 2
+    assert (
+        np.asarray(again.follower.params["w"]).tobytes()
+        == np.asarray(live.follower.params["w"]).tobytes()
     )
+    with pytest.raises(FileNotFoundError, match="cannot resume at version 3: its checkpoint"):
+        FollowerNode._redo(_node(tmp_path), 3, None)
+    one = _node(tmp_path)
+    FollowerNode._redo(one, 1, None)
+    assert one.follower.version == 1
+    assert sorted(p.name[:11] for p in tmp_path.glob("follower1/journal/*")) == [
+        "applied-v00",
+        "decided-v00",
+        "decided-v00",
+    ]
+
+
+def test_exit_ends_the_serving_loop_with_its_code(tmp_path):
+    node = _node(tmp_path)
+    stop = [m.Exit(m.ExitCode.OK, "budget reached"), m.Send(m.FollowerHeartbeat(0.0, 1))]
+    assert FollowerNode.carry_out(node, stop) is False
+    assert node.exit_code == 0 and node.sent == []
+
+
+def test_a_failed_inputs_save_exits_non_zero_without_reporting_the_merge(tmp_path):
+    f = _core()
+    f.receive(2, 0, {"w": np.ones((2, 3))})
+    f.partial_norms(2, (0,), (0,))
+    d = m.Decide(2, (0,), (True,), (5,), (2,), (1.0,), (0.1,))
+    node = _node(tmp_path, f)
     (tmp_path / "follower1").write_text("not a folder")  # the write fails
     with pytest.raises(SystemExit) as e:
-        FollowerNode._save_inputs(node, 2, 0)
+        FollowerNode.carry_out(node, f.handle(d, 1.0))
     assert "saving the inputs of round 2 failed, not reporting its merge" in str(e.value.code)
+    assert node.sent == []

@@ -384,13 +384,19 @@ def _merged_round(f, r, t=1.0):
 
 
 def test_handle_answers_norms_merge_and_apply_and_saves_before_it_reports():
-    """The ordering rule: ``Save`` of the new version, then ``FollowerApplied``; the round's
-    Decide and batch are freed once applied."""
+    """The ordering rule: ``Save`` of the step's ``Apply`` (the journal), then
+    ``FollowerApplied``, then the checkpoint of the new version, which nobody waits for
+    (issue 21: checkpoints off the critical path); the round's Decide and batch are freed
+    once applied."""
     f = _protocol_follower()
     m = _merged_round(f, 0)
     assert f.decided_rounds() == (0,)
     got = f.handle(L.Apply(0, 1, 1.0, m), 2.5)
-    assert got == [L.Save("version", 0, 1), L.Send(L.FollowerApplied(2.5, 0, 0, 1))]
+    assert got == [
+        L.Save("applied", 0, 1),
+        L.Send(L.FollowerApplied(2.5, 0, 0, 1)),
+        L.Save("version", 0, 1),
+    ]
     assert f.version == 1 and f.decisions == {} and f._batch == {} and f.decided_rounds() == ()
     assert f.last_applied == (_decide(0), L.Apply(0, 1, 1.0, m))
 
@@ -448,8 +454,9 @@ def test_rejoin_keeps_a_decided_round_and_drops_undecided_ones():
     with pytest.raises(ValueError, match="round 1 has ended"):
         f.receive(1, 0, ONE)
     assert f.handle(L.Apply(0, 1, 1.0, m), 8.0) == [
-        L.Save("version", 0, 1),
+        L.Save("applied", 0, 1),
         L.Send(L.FollowerApplied(8.0, 0, 0, 1)),
+        L.Save("version", 0, 1),
     ]
     assert f.handle(L.Rejoin(7, "not me"), 9.0) == []
 
@@ -466,7 +473,7 @@ def test_leader_lost_keeps_a_decided_round_and_drops_undecided_ones():
         _joined(3.0, rounds=(0,)),
     ]
     assert f._staged == {} and f.decided_rounds() == (0,)
-    assert f.handle(L.Apply(0, 1, 1.0, m), 4.0)[0] == L.Save("version", 0, 1)
+    assert f.handle(L.Apply(0, 1, 1.0, m), 4.0)[0] == L.Save("applied", 0, 1)
     # Lost between the norms and the Decide: nothing decided is held.
     g = _protocol_follower()
     g.receive(2, 0, ONE)
@@ -557,9 +564,11 @@ def test_resume_latest_without_a_checkpoint_starts_at_version_zero():
     assert resume_step([1, 2, 3], 2) == 2
     assert resume_step([1], 0) is None  # version 1 was saved mid-update, never counted
     assert resume_step([0, 1], 0) == 0
-    with pytest.raises(FileNotFoundError, match="no checkpoint of version 4"):
-        resume_step([1, 2], 4)
-    with pytest.raises(FileNotFoundError, match="no checkpoint of version 0"):
+    # Issue 21: the newest checkpoint at or below the version; the journal redoes the rest.
+    assert resume_step([0, 3, 6], 5) == 3
+    with pytest.raises(FileNotFoundError, match="no checkpoint at or below version 4"):
+        resume_step([5, 6], 4)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at or below version 0"):
         resume_step([2, 3], 0)  # checkpoints of a run past version 0: not this run's state
 
 
@@ -584,8 +593,9 @@ def test_a_follower_restarted_mid_apply_redoes_the_step_from_its_saved_inputs():
         _joined(3.0, rounds=(0,)),
     ]
     assert restarted.handle(L.Apply(0, 1, 1.0, m), 4.0) == [
-        L.Save("version", 0, 1),
+        L.Save("applied", 0, 1),
         L.Send(L.FollowerApplied(4.0, 0, 0, 1)),
+        L.Save("version", 0, 1),
     ]
     np.testing.assert_array_equal(np.asarray(restarted.params["w"]), np.asarray(alive.params["w"]))
     # Inputs of another version are not taken: a checkpoint of v + 1 was written (the step
@@ -621,3 +631,131 @@ def test_rounds_older_than_one_the_leader_asks_about_are_over():
             f.receive(r, 1, ONE)
         assert e.value.kind == "replayed"
     assert f._staged == {} and f.receive(6, 0, ONE) == "staged"
+
+
+# -- checkpoints off the critical path (issue 21): every k versions, and the journal ----
+
+
+def _journaled_run(f, rounds, discard=()):
+    """Rounds ``0..rounds-1`` through ``f``'s protocol (rounds in ``discard`` are decided,
+    then discarded), with what its driver would write: the journal (inputs by round,
+    ``Apply`` and ended rounds by round) and the checkpoints ``(params, opt_state,
+    ended)`` by version, as copies."""
+    disk = {"decided": {}, "applied": {}, "ckpt": {0: _snapshot(f)}}
+    for r in range(rounds):
+        scale = 1.0 + 0.25 * r  # a different pseudo-gradient each round
+        f.receive(r, 0, {"w": np.full((2, 2), scale)})
+        f.receive(r, 1, {"w": np.arange(4.0).reshape(2, 2) - scale})
+        (norms,) = f.handle(L.RequestNorms(r, (0, 1), (f.version,) * 2), 1.0)
+        decide = L.Decide(r, (0, 1), (True, True), (5, 5), (1, 1), (0.5, 0.5), norms.event.sq_norms)
+        save, merged = f.handle(decide, 1.0)
+        assert save == L.Save("inputs", r, f.version)
+        d, stacked = f.round_inputs(r)
+        disk["decided"][r] = (f.version, d, jax.tree.map(np.array, stacked))
+        if r in discard:
+            f.handle(L.Discard(r), 2.0)
+            continue
+        m = merged.event.merged_sq_norm
+        for c in f.handle(L.Apply(r, f.version + 1, 0.9, m), 3.0):
+            if c.__class__ is L.Save and c.kind == "applied":
+                disk["applied"][r] = (f.last_applied[1], f.ended_rounds())
+            if c.__class__ is L.Save and c.kind == "version":
+                disk["ckpt"][c.version] = _snapshot(f)
+    return disk
+
+
+def _snapshot(f):
+    st = f.state
+    return (
+        jax.tree.map(np.array, st.params),
+        jax.tree.map(np.array, st.opt_state),
+        f.ended_rounds(),
+    )
+
+
+def _from_checkpoint(saved, version, every=1):
+    params, opt_state, ended = saved
+    return Follower(
+        0,
+        params,
+        outer.diloco(0.7, 0.8),
+        capacity=2,
+        version=version,
+        opt_state=jax.tree.map(jnp.asarray, opt_state),
+        ended=ended,
+        checkpoint_every=every,
+    )
+
+
+def test_the_checkpoint_is_asked_for_every_k_versions_after_the_report():
+    f = Follower(
+        0,
+        {"w": np.zeros((2, 2), np.float32)},
+        outer.diloco(0.7, 0.8),
+        capacity=2,
+        checkpoint_every=3,
+    )
+    disk = _journaled_run(f, 7)
+    assert sorted(disk["ckpt"]) == [0, 3, 6] and f.version == 7
+    assert sorted(disk["applied"]) == list(range(7))
+    with pytest.raises(ValueError, match="checkpoint_every must be >= 1"):
+        Follower(0, {"w": np.zeros(2)}, outer.diloco(), capacity=2, checkpoint_every=0)
+
+
+@pytest.mark.parametrize("start", [0, 3, 6])
+def test_a_restart_redoes_the_journal_to_the_same_parameters_bit_for_bit(start):
+    """Killed at version 7 with checkpoints of 0, 3 and 6 (``checkpoint_every=3``): from
+    any of them the journal's steps give version 7, its parameters, outer state, version
+    cache and ended rounds as the follower that ran (a discarded round in between is
+    skipped: its inputs are in the journal, it was never applied)."""
+    live = Follower(
+        0,
+        {"w": np.zeros((2, 2), np.float32)},
+        outer.diloco(0.7, 0.8),
+        capacity=2,
+        checkpoint_every=3,
+        version_cache=4,
+    )
+    disk = _journaled_run(live, 8, discard=(4,))
+    assert live.version == 7
+    f = _from_checkpoint(disk["ckpt"][start], start, every=3)
+    f.version_cache = 4
+    assert f.redo(disk["decided"].values(), disk["applied"].values()) == 7 - start
+    assert f.version == 7
+    for a, b in zip(
+        jax.tree.leaves((live.params, live.state.opt_state)),
+        jax.tree.leaves((f.params, f.state.opt_state)),
+        strict=True,
+    ):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    assert f.cached_versions() == tuple(range(max(start, 4), 8))
+    assert f.ended_rounds() == live.ended_rounds() == [[0, 7]]
+    assert f.decided_rounds() == ()
+    # up to a version: the leader's snapshot was of version 5
+    g = _from_checkpoint(disk["ckpt"][start], start)
+    if start <= 5:
+        assert g.redo(disk["decided"].values(), disk["applied"].values(), upto=5) == 5 - start
+        assert g.version == 5
+
+
+def test_a_restart_redoes_the_journal_then_takes_back_the_round_it_was_applying():
+    """Killed after its merge of round 3 (inputs saved, no ``Apply`` saved): it redoes the
+    steps to version 3 and holds round 3's inputs, which it lists in its join; the
+    ``Apply`` sent again gives the live follower's version 4 bit for bit."""
+    live = Follower(
+        0,
+        {"w": np.zeros((2, 2), np.float32)},
+        outer.diloco(0.7, 0.8),
+        capacity=2,
+        checkpoint_every=2,
+    )
+    disk = _journaled_run(live, 4)
+    del disk["applied"][3]  # killed before the step of round 3 was journaled
+    f = _from_checkpoint(disk["ckpt"][2], 2, every=2)
+    f.address = "host:7"
+    assert f.redo(disk["decided"].values(), disk["applied"].values()) == 1
+    assert f.version == 3 and f.decided_rounds() == (3,)
+    _, a = live.last_applied
+    f.handle(a, 5.0)
+    assert f.version == 4
+    assert np.asarray(f.params["w"]).tobytes() == np.asarray(live.params["w"]).tobytes()

@@ -10,6 +10,11 @@ whole. A step is on disk only once complete (orbax commits a step by renaming it
 The tree is stored as its list of leaves and rebuilt on :meth:`restore` against a
 template of the same structure (a freshly initialized state), so any pytree (optax states,
 NNX states) round-trips without registering anything with orbax.
+
+Host arrays are written as they are: orbax's numpy handler is told not to deep-copy them
+(its default copies every array before returning, in time and memory: measured here, 7 s
+and 2 GB more for a 2 GB array, while the write itself took 0.4 s). :meth:`save` copies
+them itself unless the caller keeps the buffers unchanged until :meth:`wait`.
 """
 
 from __future__ import annotations
@@ -35,16 +40,26 @@ class Checkpoints:
         # learner partition spread over hosts: its first process checkpoints host arrays).
         me = jax.process_index()
         self.directory.mkdir(parents=True, exist_ok=True)  # orbax won't, for one process
+        multiprocessing = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+        types = ocp.type_handlers.create_type_handler_registry(
+            (np.ndarray, ocp.type_handlers.NumpyHandler(deepcopy_host_arrays=False)),
+            (jax.Array, ocp.type_handlers.ArrayHandler()),  # saves copy them to the host
+        )
+        state = ocp.PyTreeCheckpointHandler(
+            type_handler_registry=types, multiprocessing_options=multiprocessing
+        )
+        handlers = ocp.handlers.DefaultCheckpointHandlerRegistry()
+        handlers.add("state", ocp.args.PyTreeSave, state)
+        handlers.add("state", ocp.args.PyTreeRestore, state)
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
                 create=False,
                 enable_async_checkpointing=asynchronous,
-                multiprocessing_options=ocp.options.MultiprocessingOptions(
-                    primary_host=me, active_processes={me}
-                ),
+                multiprocessing_options=multiprocessing,
             ),
+            handler_registry=handlers,
         )
 
     def save(self, step: int, state: Any, meta: dict[str, Any], copy: bool = True) -> None:
@@ -57,7 +72,7 @@ class Checkpoints:
         args = self._ocp.args
         saved = self.manager.save(
             step,
-            args=args.Composite(state=args.StandardSave(leaves), meta=args.JsonSave(meta)),
+            args=args.Composite(state=args.PyTreeSave(leaves), meta=args.JsonSave(meta)),
         )
         if not saved:  # orbax skips a step at or below its newest one
             raise RuntimeError(
@@ -98,9 +113,13 @@ class Checkpoints:
         tmpl_leaves, treedef = jax.tree.flatten(template)
         target = {f"{i:06d}": np.zeros_like(np.asarray(x)) for i, x in enumerate(tmpl_leaves)}
         args = self._ocp.args
+        restore_args = self._ocp.checkpoint_utils.construct_restore_args(target)
         got = self.manager.restore(
             step,
-            args=args.Composite(state=args.StandardRestore(target), meta=args.JsonRestore()),
+            args=args.Composite(
+                state=args.PyTreeRestore(target, restore_args=restore_args),
+                meta=args.JsonRestore(),
+            ),
         )
         leaves = [np.asarray(got.state[k]) for k in sorted(target)]
         for k, x, t in zip(sorted(target), leaves, tmpl_leaves, strict=True):

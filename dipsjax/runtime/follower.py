@@ -411,11 +411,18 @@ class FollowerNode:
             # BF16 as its bits: npz keeps only numpy's own dtypes.
             arrays[key] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
         doc = {"version": version, "dtypes": dtypes, "decide": m.to_json(decision)}
+        t0 = time.perf_counter()
         self._write_whole(
             self.journal / f"decided-v{version:09d}-r{round_id:09d}.npz",
             lambda fh: np.savez(fh, __doc__=np.asarray(json.dumps(doc)), **arrays),
             f"the inputs of round {round_id}",
             "its merge",
+        )
+        log.info(
+            "journaled the inputs of round %d (%.2f GB) in %.2f s",
+            round_id,
+            sum(x.nbytes for x in arrays.values()) / 1e9,
+            time.perf_counter() - t0,
         )
 
     def _save_applied(self, round_id: int, version: int) -> None:

@@ -11,6 +11,13 @@ compiled program and the data stay out of it) over the plan's bytes; ``donate`` 
 with the step donating its inputs (the plan without the step's outputs). The plan leaves
 out activations and XLA's scratch, so a ratio a little above 1 is the expected reading.
 
+Then XLA's own plan of one donating inner step (compiled, never run: nothing is
+allocated), with every block rematerialised (``remat="full"``) and without: the bytes of
+its arguments (weights and AdamW, aliased by its outputs) and of its scratch (gradients,
+activations, the update's temporaries) beside the plan's 16 bytes a parameter. With
+``--xla-only`` that plan alone, for models too large to train here (``--config
+llama3.2-1b``: 1.24B parameters).
+
 Run: ``.venv/bin/python benchmarks/learner_memory.py`` (a 135M-parameter model, d = 1024,
 8 layers: about 2 minutes and 5 GB here; ``--config small`` for a named model; ``--tiny``:
 the harness on the tiny model, whose figure means nothing next to the allocator's own).
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 
@@ -37,15 +45,9 @@ def _child(config_name: str, steps: int, donate: bool) -> dict:
     import numpy as np
 
     from dipsjax.learner import InnerOptimizerConfig, Learner
-    from dipsjax.model import get_config
     from dipsjax.model.plan import learner_memory
 
-    if config_name == "135m":
-        config = get_config(
-            "small", d_model=1024, num_layers=8, num_heads=8, num_kv_heads=8, d_ff=4096
-        )
-    else:
-        config = get_config(config_name)
+    config = _config(config_name)
     rng = np.random.default_rng(0)
     batches = [rng.integers(0, 256, (8, 65)).astype(np.int32) for _ in range(steps)]
     jax.block_until_ready(jax.numpy.ones(1))  # the runtime's own memory, before the model
@@ -59,11 +61,54 @@ def _child(config_name: str, steps: int, donate: bool) -> dict:
     return {"params": n, "peak": peak, "plan": sum(learner_memory(n, donate=donate).values())}
 
 
+def _xla_plan(config_name: str, remat: str, batch: int, seq: int) -> dict:
+    """XLA's memory plan of one donating inner step (``memory_analysis`` of the compiled
+    program; abstract inputs, nothing allocated)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from dipsjax.inner import InnerOptimizerConfig
+    from dipsjax.learner.step import lm_loss, make_inner_optimizer
+    from dipsjax.model.llama import Llama
+
+    config = _config(config_name).replace(remat=remat)
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Llama(config, rngs=nnx.Rngs(0))), nnx.Param)
+    tx = make_inner_optimizer(InnerOptimizerConfig())
+
+    def step(p, opt_state, tokens):
+        loss, grads = jax.value_and_grad(lambda p: lm_loss(nnx.merge(graphdef, p), tokens))(p)
+        updates, opt_state = tx.update(grads, opt_state, p)
+        return optax.apply_updates(p, updates), opt_state, loss
+
+    tokens = jax.ShapeDtypeStruct((batch, seq + 1), jnp.int32)
+    opt_state = jax.eval_shape(tx.init, params)
+    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, tokens).compile()
+    m = compiled.memory_analysis()
+    n = sum(x.size for x in jax.tree.leaves(params))
+    held = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+    return {"params": n, "held": held, "temp": m.temp_size_in_bytes}
+
+
+def _config(name: str):
+    from dipsjax.model import get_config
+
+    if name == "135m":
+        return get_config(
+            "small", d_model=1024, num_layers=8, num_heads=8, num_kv_heads=8, d_ff=4096
+        )
+    return get_config(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="135m", help="'135m' (the default) or a name")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--tiny", action="store_true", help="the harness on the tiny model")
+    parser.add_argument("--xla-only", action="store_true", help="XLA's plan of a step alone")
+    parser.add_argument("--batch", type=int, default=4, help="XLA's plan: sequences a step")
+    parser.add_argument("--seq", type=int, default=512, help="XLA's plan: tokens a sequence")
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -71,9 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(name, int(steps), donate == "1")))
         return 0
     if args.tiny:
-        args.config, args.steps = "tiny", 1
+        args.config, args.steps, args.batch, args.seq = "tiny", 1, 2, 64
     ratios = {}
-    for donate in (False, True):
+    for donate in () if args.xla_only else (False, True):
         out = subprocess.run(
             [sys.executable, __file__, "--child", args.config, str(args.steps), str(int(donate))],
             check=True,
@@ -91,8 +136,24 @@ def main(argv: list[str] | None = None) -> int:
             f"against {got['plan'] / got['params']:.0f} bytes a parameter)",
             flush=True,
         )
-    print(f"learner_memory_ratio_runtime: {ratios['runtime']:.3f} (goal: measured / plan ~ 1)")
-    print(f"learner_memory_ratio_donate: {ratios['donate']:.3f} (goal: measured / plan ~ 1)")
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    steps = {}
+    for remat in ("none", "full"):
+        x = _xla_plan(args.config, remat, args.batch, args.seq)
+        steps[remat] = (x["held"] + x["temp"]) / 1e9
+        print(
+            f"XLA's plan of one donating step, remat={remat}, batch {args.batch} x {args.seq}: "
+            f"weights and AdamW {x['held'] / 1e9:.2f} GB + scratch {x['temp'] / 1e9:.2f} GB "
+            f"= {steps[remat]:.2f} GB ({steps[remat] * 1e9 / x['params']:.1f} bytes a "
+            f"parameter; the plan's 16 without activations: {16 * x['params'] / 1e9:.2f} GB; "
+            f"this host {total / 1e9:.1f} GB)",
+            flush=True,
+        )
+    if ratios:
+        print(f"learner_memory_ratio_runtime: {ratios['runtime']:.3f} (goal: measured / plan ~ 1)")
+        print(f"learner_memory_ratio_donate: {ratios['donate']:.3f} (goal: measured / plan ~ 1)")
+    print(f"learner_memory_xla_step_gb_remat_none: {steps['none']:.4f} (goal: < {total / 1e9:.1f})")
+    print(f"learner_memory_xla_step_gb_remat_full: {steps['full']:.4f} (goal: < {total / 1e9:.1f})")
     return 0
 
 

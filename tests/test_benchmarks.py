@@ -137,8 +137,20 @@ def test_learner_mfu_tiny(tmp_path):
 def test_learner_memory_tiny(tmp_path):
     # The harness: the tiny model's bytes are lost in the allocator's, so no ratio is judged.
     fig = run_benchmark("learner_memory", "--tiny", timeout=300, tmp_path=tmp_path)
-    expect(fig, ["learner_memory_ratio_runtime", "learner_memory_ratio_donate"])
+    expect(
+        fig,
+        [
+            "learner_memory_ratio_runtime",
+            "learner_memory_ratio_donate",
+            "learner_memory_xla_step_gb_remat_none",
+            "learner_memory_xla_step_gb_remat_full",
+        ],
+    )
     assert all(v > 0 for v in fig.values())
+    # XLA's plan: recomputing every block keeps less than keeping every activation.
+    assert (
+        fig["learner_memory_xla_step_gb_remat_full"] < fig["learner_memory_xla_step_gb_remat_none"]
+    )
 
 
 @pytest.mark.parametrize("tie", [False, True])

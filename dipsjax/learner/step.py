@@ -162,14 +162,41 @@ def params_from_dict(template: nnx.State, tree: Mapping[str, Any]) -> nnx.State:
     return out
 
 
+def chunked_cross_entropy(
+    hidden: jax.Array, targets: jax.Array, logits_of: Any, chunk: int
+) -> jax.Array:
+    """:func:`cross_entropy` of ``logits_of(hidden)`` taken ``chunk`` positions of the
+    sequence at a time (``hidden [batch, seq, d]``, ``targets [batch, seq]``; the sequence
+    padded to a multiple of ``chunk``): a scan whose step is rematerialised, so the
+    forward keeps one chunk's ``[batch, chunk, vocab]`` logits at a time and the backward
+    recomputes each chunk's instead of keeping them all. The batch axis stays whole (its
+    sharding is kept). Per-token nats ``[batch, seq]``, float32."""
+    b, s, d = hidden.shape
+    pad = -s % chunk
+    h = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, chunk, d)
+    t = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, -1, chunk)
+
+    @jax.checkpoint
+    def one(hc: jax.Array, tc: jax.Array) -> jax.Array:
+        return cross_entropy(logits_of(hc), tc)
+
+    nll = jax.lax.map(lambda xs: one(*xs), (jnp.moveaxis(h, 1, 0), jnp.moveaxis(t, 1, 0)))
+    return jnp.moveaxis(nll, 0, 1).reshape(b, -1)[:, :s]
+
+
 def lm_loss(model: Any, batch: jax.Array) -> jax.Array:
     """The language model's loss: mean next-token cross-entropy (nats/token) of a token
     batch ``[batch, seq + 1]``, its activations constrained to the partition's
-    :func:`~dipsjax.task.activation_sharding`."""
+    :func:`~dipsjax.task.activation_sharding`. With the model's ``config.loss_chunk`` set,
+    the logits are never whole (:func:`chunked_cross_entropy`)."""
     inputs, targets = split_batch(batch)
-    return jnp.mean(
-        cross_entropy(model(inputs, activation_sharding=activation_sharding()), targets)
-    )
+    chunk = getattr(getattr(model, "config", None), "loss_chunk", 0)
+    if not chunk:
+        return jnp.mean(
+            cross_entropy(model(inputs, activation_sharding=activation_sharding()), targets)
+        )
+    hidden = model.hidden(inputs, activation_sharding=activation_sharding())
+    return jnp.mean(chunked_cross_entropy(hidden, targets, model.logits, chunk))
 
 
 @functools.cache

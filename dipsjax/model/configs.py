@@ -63,6 +63,11 @@ class ModelConfig:
         a batch dimension (the weights-side products). The numbers are the same whichever.
       attention: ``auto`` (cuDNN on a GPU in bfloat16, XLA elsewhere), ``xla`` or ``cudnn``
         (:data:`ATTENTION`).
+      loss_chunk: ``0`` (default): the loss takes the whole ``[batch, seq, vocab]`` float32
+        logits; ``n > 0``: it takes them ``n`` positions of the sequence at a time, each
+        chunk's logits recomputed in the backward pass, so they are never whole
+        (:func:`dipsjax.learner.step.lm_loss`; the same loss to float32 rounding: the sum
+        is taken in another order).
     """
 
     name: str = "custom"
@@ -83,6 +88,7 @@ class ModelConfig:
     init_std: float = 0.02
     remat: str = "none"
     attention: str = "auto"
+    loss_chunk: int = 0
 
     def __post_init__(self) -> None:
         for field in (
@@ -120,6 +126,15 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.norm_eps must be in (0, 1), got {self.norm_eps!r}")
         if not self.init_std > 0.0:
             raise ValueError(f"ModelConfig.init_std must be > 0, got {self.init_std!r}")
+        if (
+            not isinstance(self.loss_chunk, int)
+            or isinstance(self.loss_chunk, bool)
+            or (self.loss_chunk < 0)
+        ):
+            raise ValueError(
+                f"ModelConfig.loss_chunk must be an integer >= 0 (0: whole logits), "
+                f"got {self.loss_chunk!r}"
+            )
         for field, allowed in (("remat", REMAT_POLICIES), ("attention", ATTENTION)):
             if getattr(self, field) not in allowed:
                 raise ValueError(

@@ -239,6 +239,13 @@ class Llama(nnx.Module):
             passes ``P(("data", "fsdp"), None, None)`` on its mesh, so FSDP-sharded weights are
             gathered rather than activations resharded). The model never reads a mesh.
         """
+        return self.logits(self.hidden(tokens, activation_sharding=activation_sharding))
+
+    def hidden(
+        self, tokens: jax.Array, *, activation_sharding: jax.sharding.Sharding | None = None
+    ) -> jax.Array:
+        """The final-normed residual stream ``[batch, seq, d_model]`` the output projection
+        reads (:meth:`logits` of it is the model's output); arguments as for a call."""
         positions = jnp.arange(tokens.shape[-1], dtype=jnp.int32)
 
         def constrain(x: jax.Array) -> jax.Array:
@@ -250,9 +257,12 @@ class Llama(nnx.Module):
         block = _remat(self.config.remat)
         for layer in self.layers:
             x = constrain(block(layer, x, positions))
-        x = self.final_norm(x)
-        logits = self.embed.attend(x) if self.lm_head is None else self.lm_head(x)
-        return logits.astype(jnp.float32)
+        return self.final_norm(x)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Float32 logits ``[..., vocab]`` of final-normed states ``[..., d_model]``."""
+        out = self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
+        return out.astype(jnp.float32)
 
 
 def _call_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:

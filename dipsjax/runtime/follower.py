@@ -152,7 +152,7 @@ class FollowerNode:
         )
         if resume is not None:  # restarted: the steps its journal holds since, redone
             self._redo(None if resume < 0 else resume, step)
-        self.applied_tokens = self._applied_tokens(version)  # TensorBoard's x-axis
+        self.applied_tokens = self._applied_tokens(self.follower.version)  # TensorBoard's x
         if init == "model":  # compile before joining (too costly in memory for huge models)
             # What arrives: BF16 (stat2's levels are BF16 values, decoded as such too).
             wire = jnp.bfloat16 if spec.sim.wire in ("bf16", "stat2") else jnp.float32
@@ -195,6 +195,16 @@ class FollowerNode:
         self.address = f"{host}:{self.data.address[1]}"  # announced when it joins
         self.follower.address = self.address
         self.exit_code = 0
+
+    def _logged_versions(self) -> set[int]:
+        """The versions ``decisions.jsonl`` has a line of."""
+        path = Path(self.spec.run_dir) / f"follower{self.k}" / "decisions.jsonl"
+        got = set()
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(ValueError, TypeError, KeyError):
+                    got.add(int(json.loads(line)["version"]))
+        return got
 
     def _applied_tokens(self, version: int) -> int:
         """The tokens the versions up to ``version`` applied (``decisions.jsonl``; 0 when
@@ -458,6 +468,13 @@ class FollowerNode:
                 decided.append((version, *self._read_inputs(path)))
         redone = self.follower.redo(decided, applied, upto)
         v = self.follower.version
+        # The decision log of the steps redone, where the dead process did not write it (it
+        # was killed between the step's report and its bookkeeping).
+        logged = self._logged_versions()
+        decisions = {d.round_id: d for _, d, _ in decided}
+        for a, _ in sorted(applied, key=lambda e: e[0].version):
+            if (step or 0) < a.version <= v and a.version not in logged:
+                self._log_decision(decisions[a.round_id], a)
         if upto is not None and v != upto:
             raise FileNotFoundError(
                 f"follower {self.k}: cannot resume at version {upto}: its checkpoint is of "

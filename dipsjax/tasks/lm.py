@@ -3,7 +3,7 @@ a text corpus (``SimConfig.corpus``), the papers' setting.
 
 Keyword arguments (``SimConfig.task_args``)::
 
-    get_task(cfg, tokenizer="byte", records=None, remat="none", attention="auto")
+    get_task(cfg, tokenizer="byte", records=None, remat="none", attention="auto", loss_chunk=0)
 
 * ``tokenizer``: any spec :func:`~dipsjax.data.tokenizer.load_tokenizer` accepts: ``"byte"``
   (the default: UTF-8 bytes), ``"bpe:1024"`` (a byte-level BPE of 1024 ids trained on the
@@ -18,9 +18,11 @@ Keyword arguments (``SimConfig.task_args``)::
   bpe:1024``) using the same corpus, tokenizer and ``chunk_len``. ``None``: the chunks are
   tokenized in memory (:class:`~dipsjax.data.pipeline.TokenChunks`). Both give the same
   batches, bit for bit.
-* ``remat``, ``attention``: the model's activation rematerialisation policy and attention
-  implementation (:class:`~dipsjax.model.configs.ModelConfig`; the numbers are the same
-  whichever), e.g. ``--set "sim.task_args={'remat': 'full'}"``.
+* ``remat``, ``attention``, ``loss_chunk``: the model's activation rematerialisation
+  policy, attention implementation and the positions its loss takes at a time (0: the
+  whole logits) (:class:`~dipsjax.model.configs.ModelConfig`; the numbers are the same
+  whichever, to float32 rounding for ``loss_chunk``), e.g. ``--set
+  "sim.task_args={'remat': 'full', 'loss_chunk': 128}"``.
 
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
 tokens, read in ``SimConfig.data_layout``: ``"contiguous"`` (the default: a batch is
@@ -65,6 +67,7 @@ def get_task(
     records: str | os.PathLike[str] | Sequence[str] | None = None,
     remat: str = "none",
     attention: str = "auto",
+    loss_chunk: int = 0,
 ) -> Task:
     """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)
     with ``tokenizer`` and, optionally, training chunks read from ``records`` (module doc)."""
@@ -88,7 +91,7 @@ def get_task(
         _records_key(records),
         cfg.data_layout,
         cfg.seed if cfg.data_layout == "spread" else 0,  # the layout's permutation
-        (("remat", remat), ("attention", attention)),
+        (("remat", remat), ("attention", attention), ("loss_chunk", loss_chunk)),
     )
 
 
@@ -142,7 +145,7 @@ def _task(
     records: tuple[str, ...] | None = None,
     layout: str = "contiguous",
     seed: int = 0,
-    model_fields: tuple[tuple[str, str], ...] = (),
+    model_fields: tuple[tuple[str, Any], ...] = (),
 ) -> Task:
     from dipsjax.data import ByteTokenizer, load_tokenizer
     from dipsjax.learner.step import lm_model

@@ -167,3 +167,52 @@ def test_attention_implementation_is_a_setting():
     for field, bad in (("attention", "flash"), ("remat", "some")):
         with pytest.raises(ValueError, match=rf"ModelConfig\.{field} must be one of"):
             get_config("tiny", **{field: bad})
+
+
+def _lm_loss_grads_and_temp_bytes(config, batch):
+    from dipsjax.learner.step import lm_loss
+
+    graphdef, params = nnx.split(Llama(config, rngs=nnx.Rngs(0)), nnx.Param)
+    fn = jax.jit(jax.value_and_grad(lambda p, b: lm_loss(nnx.merge(graphdef, p), b)))
+    value, grads = fn(params, batch)
+    temp = fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+    return float(value), jax.tree.leaves(grads), temp
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_chunked_loss_gives_the_same_numbers_without_whole_logits(tie):
+    """Issue 21: ``loss_chunk`` takes the logits 16 positions at a time (a sequence of 60:
+    the last chunk padded), recomputed in the backward pass. The loss and every gradient
+    equal the whole-logits loss's to float32 rounding (the sums run in another order), and
+    XLA's plan of the program's scratch memory is smaller (a vocabulary of 4096: the
+    logits dominate). ``loss_chunk=0`` is the model as it was, bit for bit."""
+    base = get_config("tiny", vocab_size=4096, tie_embeddings=tie)
+    batch = jnp.asarray(np.random.default_rng(1).integers(0, 4096, (4, 61)), jnp.int32)
+    ref_loss, ref_grads, ref_temp = _lm_loss_grads_and_temp_bytes(base, batch)
+    loss, grads, temp = _lm_loss_grads_and_temp_bytes(
+        get_config("tiny", vocab_size=4096, tie_embeddings=tie, loss_chunk=16), batch
+    )
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for got, want in zip(grads, ref_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-8)
+    whole_logits = 4 * 60 * 4096 * 4  # float32 [batch, seq, vocab]
+    assert ref_temp - temp > whole_logits, (temp, ref_temp)  # at least the logits fewer
+    # The reference path is the plain model: optax's cross-entropy of its logits.
+    _, plain_grads, _ = _loss_grads_and_temp_bytes_of(base, batch)
+    for got, want in zip(ref_grads, plain_grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+    with pytest.raises(ValueError, match=r"ModelConfig\.loss_chunk must be an integer >= 0"):
+        get_config("tiny", loss_chunk=-1)
+
+
+def _loss_grads_and_temp_bytes_of(config, batch):
+    import optax
+
+    graphdef, params = nnx.split(Llama(config, rngs=nnx.Rngs(0)), nnx.Param)
+
+    def loss(p, b):
+        logits = nnx.merge(graphdef, p)(b[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, b[:, 1:]).mean()
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
+    return float(value), jax.tree.leaves(grads), None

@@ -206,3 +206,25 @@ def test_a_failed_inputs_save_exits_non_zero_without_reporting_the_merge(tmp_pat
         FollowerNode.carry_out(node, f.handle(d, 1.0))
     assert "saving the inputs of round 2 failed, not reporting its merge" in str(e.value.code)
     assert node.sent == []
+
+
+def test_a_redone_step_is_logged_once_where_the_dead_process_did_not_log_it(tmp_path):
+    """Bug (found by the follower-kill test): killed between a step's report and its
+    bookkeeping, the follower's restart redid the step from its journal but its
+    ``decisions.jsonl`` lacked that version, so the followers' decision logs differed from
+    the tape's. Now the restart logs each redone step the log lacks, and only those."""
+    live = _node(tmp_path)
+    live._after_apply = lambda d, a, v, s: FollowerNode._log_decision(live, d, a) if v == 1 else 0
+    for r in (4, 5):  # version 2's bookkeeping never ran: the process was killed before
+        f = live.follower
+        f.receive(r, 0, {"w": jnp.full((2, 3), 0.3 * r, jnp.bfloat16)})
+        f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
+        f.partial_norms(r, (0, 1), (f.version,) * 2)
+        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
+        FollowerNode.carry_out(live, f.handle(d, 1.0))
+        FollowerNode.carry_out(live, f.handle(m.Apply(r, f.version + 1, 0.8, 1.0), 2.0))
+    log = tmp_path / "follower1" / "decisions.jsonl"
+    assert [json.loads(x)["version"] for x in log.read_text().splitlines()] == [1]
+    FollowerNode._redo(_node(tmp_path), None, None)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["version"], x["round"], x["tokens"]) for x in lines] == [(1, 4, 11), (2, 5, 11)]

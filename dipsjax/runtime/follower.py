@@ -10,9 +10,10 @@ are served from version snapshots while the next round's pushes arrive.
 
 Checkpoints off the round's critical path. The journal, in ``RUN_DIR/follower{k}/journal``,
 is on disk before what it backs is reported (the core's ordering rule): each decided
-round's inputs (``decided-v{V}-r{R}.npz``: its ``Decide`` and stacked batch, before the
-merge is reported) and each step's ``Apply`` (``applied-v{V}-r{R}.json``, a few bytes,
-before the step is reported); each written whole (a temporary file, synced, renamed). The
+round's inputs, its stacked batch (``batch-v{V}-r{R}.bin``, written in a thread from the
+moment its norms are taken) and ``Decide`` (``decided-v{V}-r{R}.json``), before the merge
+is reported, and each step's ``Apply`` (``applied-v{V}-r{R}.json``, a few bytes), before
+the step is reported; each written whole (a temporary file, synced, renamed). The
 :class:`~dipsjax.syncer.follower.FollowerState` (version, shard, outer state) of every
 ``checkpoint_every``-th version is saved with orbax to ``RUN_DIR/follower{k}/ckpt/{version}``
 (the 3 newest kept) after the step is reported, in orbax's thread, from the live buffers
@@ -48,6 +49,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -76,6 +78,35 @@ from dipsjax.transport.dataplane import DataPlaneServer, Header, decode_tensor, 
 from dipsjax.transport.refusals import RefusalLog
 
 REFUSAL_LOG_INTERVAL = 10.0  # seconds: one log line, metrics write, TB point per kind
+#: A journal entry's file name: kind, version, round (see the module doc).
+_JOURNAL_NAME = re.compile(r"(batch|decided|applied)-v(\d+)-r(\d+)\.(?:bin|json)")
+
+
+def _write_arrays(fh: Any, arrays: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
+    """Arrays as raw bytes after a JSON header (key, stored dtype, shape, given dtype of
+    each): no checksum to compute (a zip's CRC costs a core about a second a GB), and the
+    file is whole or absent (written to a temporary name, synced, renamed)."""
+    header = json.dumps(
+        [[k, str(x.dtype), list(x.shape), dtypes[k]] for k, x in arrays.items()]
+    ).encode()
+    fh.write(len(header).to_bytes(8, "little") + header)
+    for x in arrays.values():
+        fh.write(memoryview(np.ascontiguousarray(x)).cast("B"))
+
+
+def _read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """What :func:`_write_arrays` wrote: the arrays and their given dtypes by key; raises
+    ``ValueError`` naming the file if it is cut short."""
+    arrays, dtypes = {}, {}
+    with path.open("rb") as fh:
+        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for key, stored, shape, given in header:
+            count = int(np.prod(shape, dtype=np.int64))
+            x = np.fromfile(fh, dtype=stored, count=count)
+            if x.size != count:
+                raise ValueError(f"{path}: tensor {key} is cut short ({x.size} of {count})")
+            arrays[key], dtypes[key] = x.reshape(shape), given
+    return arrays, dtypes
 
 
 def warm_up_decode(shard: Any, wire: str) -> None:
@@ -139,7 +170,9 @@ class FollowerNode:
             for old in self.journal.glob("*"):
                 old.unlink()
         self.checkpointed = version  # the newest checkpoint known to be on disk
+        self.checkpointed_pruned = -1  # the checkpoint the journal was last trimmed to
         self.saving: int | None = None  # the version of the checkpoint being written
+        self._batch_writes: dict[int, tuple[threading.Thread, dict]] = {}  # by round
         self.follower = Follower(
             k,
             shard,
@@ -294,7 +327,9 @@ class FollowerNode:
         """Hands one action to the core and carries out its commands; False on ``Exit``."""
         if isinstance(action, m.Apply):
             time.sleep(self.spec.apply_delay)  # fault injection (0 unless a test sets it)
-            self._checkpoint_written()  # the step donates the outer state's buffers
+            # The step donates the outer state's buffers; a new step (not a repeat) also
+            # says the leader counted this version, which frees the journal before it.
+            self._checkpoint_written(prune=action.version == self.follower.version + 1)
         with self.lock:
             compute = isinstance(action, m.RequestNorms | m.Decide | m.Apply)
             with self._turn() if compute else contextlib.nullcontext():
@@ -313,7 +348,9 @@ class FollowerNode:
         comes after its report."""
         after = None
         for c in commands:
-            if isinstance(c, m.Save) and c.kind == "inputs":
+            if isinstance(c, m.Save) and c.kind == "batch":
+                self._save_batch(c.round_id, c.version)
+            elif isinstance(c, m.Save) and c.kind == "inputs":
                 self._save_inputs(c.round_id, c.version)
             elif isinstance(c, m.Save) and c.kind == "applied":
                 self._save_applied(c.round_id, c.version)
@@ -349,14 +386,24 @@ class FollowerNode:
             ) from e
         self.saving = version
 
-    def _checkpoint_written(self) -> None:
+    def _checkpoint_written(self, prune: bool = True) -> None:
         """Waits for the checkpoint being written, if any (off the critical path unless a
-        round is shorter than the write), then deletes the journal's entries it and the
-        leader's count make useless: it is sent the next ``Apply``, so it counted this
-        follower's version, and no resume goes back past it. A write that failed ends the
-        process non-zero (its journal still holds every step since the last good one)."""
-        if self.saving is None:
+        round is shorter than the write); with ``prune`` (it is sent the ``Apply`` of the
+        version after its own, so the leader counted its version and no resume goes back
+        past it: not so for a repeated ``Apply``, sent again before the leader counted
+        it), deletes the journal's entries the newest checkpoint written makes useless. A
+        write that failed ends the process non-zero (its journal still holds every step
+        since the last good one)."""
+        if self.saving is not None:
+            self._wait_checkpoint()
+        if not prune or self.checkpointed_pruned == self.checkpointed:
             return
+        for path, kind, version, _ in self._journal():
+            if version < self.checkpointed or (kind == "applied" and version == self.checkpointed):
+                path.unlink(missing_ok=True)
+        self.checkpointed_pruned = self.checkpointed
+
+    def _wait_checkpoint(self) -> None:
         t0 = time.perf_counter()
         try:
             self.ckpt.wait()
@@ -368,24 +415,21 @@ class FollowerNode:
         if waited > 0.05:
             log.info("waited %.2f s for the checkpoint of version %d", waited, self.saving)
         self.checkpointed, self.saving = self.saving, None
-        for path, version, _ in self._journal():
-            if version < self.checkpointed or (
-                path.name.startswith("applied") and version == self.checkpointed
-            ):
-                path.unlink(missing_ok=True)
 
     @property
     def journal(self) -> Path:
         return Path(self.spec.run_dir) / f"follower{self.k}" / "journal"
 
-    def _journal(self) -> list[tuple[Path, int, int]]:
-        """The journal's entries, ``(path, version, round)``, by name (``decided``: the
-        version the round was decided at; ``applied``: the version its step made)."""
+    def _journal(self) -> list[tuple[Path, str, int, int]]:
+        """The journal's entries, ``(path, kind, version, round)``, by name: ``batch`` (a
+        round's stacked batch, at the version its norms were taken), ``decided`` (its
+        ``Decide``: the version the round was decided at) and ``applied`` (a step's
+        ``Apply``: the version it made). Files being written (``.tmp``) are not entries."""
         got = []
-        for path in sorted(self.journal.glob("*-v*-r*.*")):
-            kind, v, r = path.stem.split("-")
-            if kind in ("decided", "applied") and path.suffix in (".npz", ".json"):
-                got.append((path, int(v[1:]), int(r[1:])))
+        for path in sorted(self.journal.glob("*")):
+            hit = _JOURNAL_NAME.fullmatch(path.name)
+            if hit:
+                got.append((path, hit[1], int(hit[2]), int(hit[3])))
         return got
 
     def _write_whole(self, path: Path, write: Any, what: str, unsent: str) -> None:
@@ -399,40 +443,82 @@ class FollowerNode:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            folder = os.open(path.parent, os.O_RDONLY)  # the rename survives a host's loss
+            try:
+                os.fsync(folder)
+            finally:
+                os.close(folder)
         except Exception as e:
             raise SystemExit(
                 f"follower {self.k}: saving {what} failed, not reporting {unsent}: {e!r}"
             ) from e
 
-    def _save_inputs(self, round_id: int, version: int) -> None:
-        """The inputs of decided ``round_id`` (its ``Decide`` and stacked batch), on disk on
-        return, whole: a follower killed while the round is applied, or later, before a
-        checkpoint holds the step, redoes it from them. A write that fails ends the
-        process non-zero before the merge is reported: the leader never applies a round
-        whose inputs one follower could lose."""
+    def _save_batch(self, round_id: int, version: int) -> None:
+        """Starts writing ``round_id``'s stacked batch (fixed once its norms are taken) to
+        the journal, whole, in a thread of its own: it goes to disk while the leader
+        decides and the other followers take their norms; :meth:`_save_inputs` waits for
+        it at the merge."""
         if not self.spec.checkpoints:
             return
-        decision, stacked = self.follower.round_inputs(round_id)
         arrays, dtypes = {}, {}
-        for path, leaf in outer.flatten(stacked).items():
+        for path, leaf in outer.flatten(self.follower.round_batch(round_id)).items():
             x = np.asarray(leaf)
             key = "/".join(map(str, path))  # tensors by path, as save() keys them
             dtypes[key] = str(x.dtype)
-            # BF16 as its bits: npz keeps only numpy's own dtypes.
+            # BF16 as its bits (a dtype numpy reads back without ml_dtypes).
             arrays[key] = x.view(np.uint16) if x.dtype == jnp.bfloat16 else x
-        doc = {"version": version, "dtypes": dtypes, "decide": m.to_json(decision)}
+        target = self.journal / f"batch-v{version:09d}-r{round_id:09d}.bin"
+        box: dict[str, Any] = {"bytes": sum(x.nbytes for x in arrays.values())}
+
+        def write() -> None:
+            t0 = time.perf_counter()
+            try:
+                self._write_whole(
+                    target,
+                    lambda fh: _write_arrays(fh, arrays, dtypes),
+                    f"the batch of round {round_id}",
+                    "its merge",
+                )
+                box["seconds"] = time.perf_counter() - t0
+            except BaseException as e:  # raised where the merge waits for it
+                box["error"] = e
+
+        thread = threading.Thread(target=write, name=f"journal-r{round_id}", daemon=True)
+        thread.start()
+        self._batch_writes[round_id] = (thread, box)
+
+    def _save_inputs(self, round_id: int, version: int) -> None:
+        """The inputs of decided ``round_id``, its stacked batch (waited for: its write
+        started with the norms) and its ``Decide``, on disk on return, whole: a follower
+        killed while the round is applied, or later, before a checkpoint holds the step,
+        redoes it from them. A write that fails ends the process non-zero before the merge
+        is reported: the leader never applies a round whose inputs one follower could lose."""
+        if not self.spec.checkpoints:
+            return
+        decision, _ = self.follower.round_inputs(round_id)
+        for r in [r for r in self._batch_writes if r < round_id]:  # rounds that ended
+            self._batch_writes.pop(r)[0].join()
+        if round_id not in self._batch_writes:  # its norms' Save never came: write it now
+            self._save_batch(round_id, version)
+        thread, box = self._batch_writes.pop(round_id)
         t0 = time.perf_counter()
+        thread.join()
+        waited = time.perf_counter() - t0
+        if "error" in box:
+            raise box["error"]
+        doc = {"version": version, "decide": m.to_json(decision)}
         self._write_whole(
-            self.journal / f"decided-v{version:09d}-r{round_id:09d}.npz",
-            lambda fh: np.savez(fh, __doc__=np.asarray(json.dumps(doc)), **arrays),
+            self.journal / f"decided-v{version:09d}-r{round_id:09d}.json",
+            lambda fh: fh.write(json.dumps(doc).encode()),
             f"the inputs of round {round_id}",
             "its merge",
         )
         log.info(
-            "journaled the inputs of round %d (%.2f GB) in %.2f s",
+            "journaled the inputs of round %d (%.2f GB in %.2f s, %.2f s of it at the merge)",
             round_id,
-            sum(x.nbytes for x in arrays.values()) / 1e9,
-            time.perf_counter() - t0,
+            box["bytes"] / 1e9,
+            box["seconds"],
+            waited,
         )
 
     def _save_applied(self, round_id: int, version: int) -> None:
@@ -455,17 +541,28 @@ class FollowerNode:
         and takes back the inputs of a round decided at the version it reaches (the core
         decides, :meth:`~dipsjax.syncer.follower.Follower.redo`); the journal's entries
         past ``upto`` (versions the leader never counted) are deleted."""
-        decided, applied = [], []
-        for path, version, round_id in self._journal():
-            if upto is not None and version > upto:
+        for tmp in self.journal.glob("*.tmp"):  # a write the dead process did not finish
+            tmp.unlink()
+        decided, applied, batches = [], [], {}
+        base = step or 0
+        for path, kind, version, round_id in self._journal():
+            if upto is not None and version > upto:  # past the leader's version
                 path.unlink()
-            elif path.suffix == ".json":
+            elif version < base or (kind == "applied" and version == base):
+                continue  # the checkpoint restored holds it (kept: a resume may go back)
+            elif kind == "applied":
                 doc = json.loads(path.read_text())
                 a = m.from_json(doc["apply"])
                 assert isinstance(a, m.Apply) and a.round_id == round_id, path
                 applied.append((a, doc["ended"]))
+            elif kind == "batch":
+                batches[round_id] = path
             else:
-                decided.append((version, *self._read_inputs(path)))
+                decided.append((version, round_id, path))
+        decided = [  # a Decide is written after its batch is whole
+            (version, *self._read_inputs(path, batches[round_id]))
+            for version, round_id, path in decided
+        ]
         redone = self.follower.redo(decided, applied, upto)
         v = self.follower.version
         # The decision log of the steps redone, where the dead process did not write it (it
@@ -490,21 +587,20 @@ class FollowerNode:
         for r in self.follower.decided_rounds():
             log.info("holds the inputs of round %d (decided at version %d)", r, v)
 
-    def _read_inputs(self, path: Path) -> tuple[m.Decide, Any]:
+    def _read_inputs(self, decided: Path, batch: Path) -> tuple[m.Decide, Any]:
         """A decided round's ``Decide`` and stacked batch, as :meth:`_save_inputs` wrote
         them; raises ``ValueError`` naming the file if they do not fit this shard."""
-        with np.load(path) as z:
-            doc = json.loads(str(z["__doc__"]))
-            leaves = {}
-            for p in outer.flatten(self.follower.params):
-                key = "/".join(map(str, p))
-                if key not in doc["dtypes"]:
-                    raise ValueError(f"follower {self.k}: {path} has no tensor {key}")
-                x = z[key]
-                leaves[p] = x.view(jnp.bfloat16) if doc["dtypes"][key] == "bfloat16" else x
-        decision = m.from_json(doc["decide"])
+        decision = m.from_json(json.loads(decided.read_text())["decide"])
         if not isinstance(decision, m.Decide):
-            raise ValueError(f"follower {self.k}: {path} holds no Decide")
+            raise ValueError(f"follower {self.k}: {decided} holds no Decide")
+        arrays, dtypes = _read_arrays(batch)
+        leaves = {}
+        for p in outer.flatten(self.follower.params):
+            key = "/".join(map(str, p))
+            if key not in arrays:
+                raise ValueError(f"follower {self.k}: {batch} has no tensor {key}")
+            x = arrays[key]
+            leaves[p] = x.view(jnp.bfloat16) if dtypes[key] == "bfloat16" else x
         return decision, outer.unflatten(leaves)
 
     def _send_until_up(self, commands: list[m.Command]) -> None:

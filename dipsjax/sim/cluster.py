@@ -247,7 +247,9 @@ class LocalCluster:
         for c in commands:
             if isinstance(c, m.Save):
                 self.saves[c.kind] += 1
-                if self.disk is not None and c.kind == "inputs":
+                if c.kind == "batch":
+                    pass  # written with the round's inputs (the simulator's disk is instant)
+                elif self.disk is not None and c.kind == "inputs":
                     self.disk[k].save_inputs(self.followers[k], c.round_id, c.version)
                 elif self.disk is not None and c.kind == "applied":
                     self.disk[k].save_applied(self.followers[k], c.round_id)

@@ -32,8 +32,10 @@ contributions once, at wire precision: what lets a 1B-parameter round fit on one
 Applying is idempotent: a version at or below the follower's own is ignored (retries and
 a restarted leader cannot apply a round twice).
 
-Durability (the commands the driver carries out, in order). A decided round's inputs are on
-disk before its merge is reported (``Save("inputs")``), and each step's ``Apply`` before the
+Durability (the commands the driver carries out, in order). A round's stacked batch is
+fixed once its norms are taken: its write starts then (``Save("batch")``, not waited for);
+a decided round's inputs, that batch and its ``Decide``, are on disk before its merge is
+reported (``Save("inputs")``), and each step's ``Apply`` before the
 step is reported (``Save("applied")``, a few bytes): the journal. The checkpoint of the new
 version (shard and outer state) is only started after the report, every
 ``checkpoint_every`` versions, and nobody waits for it: it is off the round's critical
@@ -378,6 +380,11 @@ class Follower:
         self._forget(decision.round_id)
         return self.state.version
 
+    def round_batch(self, round_id: int) -> Any:
+        """A round's stacked batch once its norms are taken (``[capacity, ...]`` per tensor,
+        at staging precision): what a driver writes for ``Save("batch")``."""
+        return self._batch[round_id][1]
+
     def round_inputs(self, round_id: int) -> tuple[Decide, Any]:
         """A decided round's inputs, its ``Decide`` and stacked batch (``[capacity, ...]``
         per tensor, at staging precision): what a driver writes for ``Save("inputs")``."""
@@ -525,8 +532,12 @@ class Follower:
                 # Shards this process never received or dropped (it restarted, or its link
                 # broke): saying so makes the leader discard the round, not wait forever.
                 return self._lost(now, f"no shards of round {r}", r)
+            new = r not in self._batch
             g = self.partial_norms(r, action.learners, action.base_versions)
-            return [Send(FollowerNorms(now, k, r, tuple(float(x) for x in g)))]
+            # The batch is fixed from here: its write to the journal can start now, while
+            # the leader decides (``Save("inputs")`` at the merge waits for it).
+            save = [Save("batch", r, self.version)] if new else []
+            return [*save, Send(FollowerNorms(now, k, r, tuple(float(x) for x in g)))]
         if isinstance(action, Decide):
             r = action.round_id
             if r not in self._batch:

@@ -550,7 +550,9 @@ class Pull(Command):
 class Save(Command):
     """Checkpoint: a learner's inner state as checkpoint ``step`` (``kind`` ``start``: at
     a round's start, or ``pushed``: its push is on the followers, of ``round_id``); a
-    follower's inputs of decided round ``round_id`` at ``version`` (``kind`` ``inputs``:
+    follower's stacked batch of round ``round_id`` once its norms are taken (``kind``
+    ``batch``: started, not waited for), its inputs of decided round ``round_id`` at
+    ``version`` (``kind`` ``inputs``, on disk with the batch before the next command:
     its batch and ``Decide``, :meth:`~dipsjax.syncer.follower.Follower.round_inputs`), the
     ``Apply`` that made ``version`` of round ``round_id`` (``kind`` ``applied``: with the
     inputs, the journal a restart redoes the step from), both on disk before the next

@@ -5,6 +5,7 @@ checkpoint is started after the report, written while the next round goes on, an
 for only before the next outer step, which then frees the journal it covers."""
 
 import json
+import threading
 
 import jax.numpy as jnp
 import numpy as np
@@ -41,12 +42,23 @@ def _node(tmp_path, follower=None, fail=None):
     node = FollowerNode.__new__(FollowerNode)
     node.log, node.sent = [], []
     node.k = 1
-    node.spec = type("Spec", (), {"checkpoints": True, "run_dir": str(tmp_path)})()
+    node.spec = type(
+        "Spec",
+        (),
+        {
+            "checkpoints": True,
+            "run_dir": str(tmp_path),
+            "apply_delay": 0.0,
+            "compute_in_turns": False,
+        },
+    )()
+    node.lock = threading.Lock()
     node.ckpt = _Checkpoints(node.log, fail)
     node.control = type("C", (), {})()
     node.control.call = lambda ev: node.sent.append(ev) or node.log.append("send")
     node.follower = follower or _core()
     node.saving, node.checkpointed, node.exit_code = None, 0, 0
+    node._batch_writes, node.checkpointed_pruned = {}, -1
     node._after_apply = lambda *a: node.log.append(("after", *a))
     return node
 
@@ -107,7 +119,7 @@ def test_the_next_step_waits_for_the_checkpoint_then_frees_the_journal_it_covers
     names = [
         f"{kind}-v{v:09d}-r{v + 10:09d}.{ext}"
         for v in range(1, 6)
-        for kind, ext in (("decided", "npz"), ("applied", "json"))
+        for kind, ext in (("batch", "bin"), ("decided", "json"), ("applied", "json"))
     ]
     for name in names:
         (journal / name).write_bytes(b"")
@@ -118,11 +130,11 @@ def test_the_next_step_waits_for_the_checkpoint_then_frees_the_journal_it_covers
     assert node.log == [("wait",)] and (node.saving, node.checkpointed) == (None, 3)
     # Kept: what redoes version 4 and on from the checkpoint of 3 (a round decided at 3).
     assert sorted(p.name for p in journal.iterdir()) == sorted(
-        [f"decided-v{3:09d}-r{13:09d}.npz"]
+        [f"batch-v{3:09d}-r{13:09d}.bin", f"decided-v{3:09d}-r{13:09d}.json"]
         + [
             f"{k}-v{v:09d}-r{v + 10:09d}.{e}"
             for v in (4, 5)
-            for k, e in (("decided", "npz"), ("applied", "json"))
+            for k, e in (("batch", "bin"), ("decided", "json"), ("applied", "json"))
         ]
     )
 
@@ -137,14 +149,21 @@ def test_a_decided_rounds_inputs_round_trip_through_the_journal_bit_for_bit(tmp_
     f.partial_norms(4, (0, 1), (0, 0))
     d = m.Decide(4, (0, 1), (True, False), (5, 6), (2, 2), (1.0, 0.0), (0.1, 0.2))
     f.merged_partial(d)
-    FollowerNode._save_inputs(_node(tmp_path, f), 4, 0)
+    node = _node(tmp_path, f)
+    FollowerNode._save_batch(node, 4, 0)  # started at the norms, in its thread
+    FollowerNode._save_inputs(node, 4, 0)  # waited for at the merge
+    assert node._batch_writes == {}
     assert [p.name for p in tmp_path.glob("follower1/*")] == ["journal"]  # not a shard file
-    assert [p.name for p in tmp_path.glob("follower1/journal/*")] == [
-        f"decided-v{0:09d}-r{4:09d}.npz"
+    assert sorted(p.name for p in tmp_path.glob("follower1/journal/*")) == [
+        f"batch-v{0:09d}-r{4:09d}.bin",
+        f"decided-v{0:09d}-r{4:09d}.json",
     ]
+    torn = tmp_path / "follower1" / "journal" / "batch-v000000007-r000000009.bin.tmp"
+    torn.write_bytes(b"torn")  # a write the dead process did not finish: not an entry
     again = _node(tmp_path)
     FollowerNode._redo(again, None, None)
     assert again.follower.decided_rounds() == (4,) and again.follower.version == 0
+    assert not torn.exists()
     got_d, got = again.follower.round_inputs(4)
     assert got_d == d
     want = f.round_inputs(4)[1]["w"]
@@ -183,6 +202,8 @@ def test_a_restart_redoes_the_journaled_steps_and_refuses_a_version_it_cannot_re
     assert one.follower.version == 1
     assert sorted(p.name[:11] for p in tmp_path.glob("follower1/journal/*")) == [
         "applied-v00",
+        "batch-v0000",
+        "batch-v0000",
         "decided-v00",
         "decided-v00",
     ]
@@ -204,7 +225,7 @@ def test_a_failed_inputs_save_exits_non_zero_without_reporting_the_merge(tmp_pat
     (tmp_path / "follower1").write_text("not a folder")  # the write fails
     with pytest.raises(SystemExit) as e:
         FollowerNode.carry_out(node, f.handle(d, 1.0))
-    assert "saving the inputs of round 2 failed, not reporting its merge" in str(e.value.code)
+    assert "saving the batch of round 2 failed, not reporting its merge" in str(e.value.code)
     assert node.sent == []
 
 
@@ -228,3 +249,49 @@ def test_a_redone_step_is_logged_once_where_the_dead_process_did_not_log_it(tmp_
     FollowerNode._redo(_node(tmp_path), None, None)
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [(x["version"], x["round"], x["tokens"]) for x in lines] == [(1, 4, 11), (2, 5, 11)]
+
+
+def test_a_batch_file_cut_short_is_named(tmp_path):
+    from dipsjax.runtime.follower import _read_arrays, _write_arrays
+
+    path = tmp_path / "batch.bin"
+    x = {"a/w": np.arange(6, dtype=np.uint16).reshape(2, 3), "b": np.ones(4, np.float32)}
+    with path.open("wb") as fh:
+        _write_arrays(fh, x, {"a/w": "bfloat16", "b": "float32"})
+    got, dtypes = _read_arrays(path)
+    assert dtypes == {"a/w": "bfloat16", "b": "float32"}
+    for k, want in x.items():
+        assert got[k].dtype == want.dtype and got[k].tobytes() == want.tobytes()
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(ValueError, match=r"batch\.bin: tensor b is cut short"):
+        _read_arrays(path)
+
+
+def test_a_repeated_apply_waits_for_the_checkpoint_but_keeps_the_journal(tmp_path):
+    """Bug (review): every ``Apply`` trimmed the journal to the newest checkpoint, a
+    repeated one too (sent again to a follower that joined twice while the leader applied
+    the round), though the leader had not counted that version yet: a run resumed from the
+    leader's snapshot then lacked the round's inputs. Only the next version's ``Apply``
+    (the leader counted this one) trims it now."""
+    node = _node(tmp_path)
+    f = node.follower
+    for r in (4, 5):
+        f.receive(r, 0, {"w": jnp.full((2, 3), 0.5, jnp.bfloat16)})
+        f.receive(r, 1, {"w": jnp.full((2, 3), -1.5, jnp.bfloat16)})
+        FollowerNode.handle(node, m.RequestNorms(r, (0, 1), (f.version,) * 2))
+        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
+        FollowerNode.handle(node, d)
+        apply = m.Apply(r, f.version + 1, 0.8, 1.0)
+        FollowerNode.handle(node, apply)
+        assert node.saving == f.version  # its checkpoint is being written
+        names = sorted(p.name[:9] for p in (tmp_path / "follower1" / "journal").iterdir())
+        FollowerNode.handle(node, apply)  # the same Apply again
+        assert node.log[-2:] == [("wait",), "send"] and node.saving is None
+        assert sorted(p.name[:9] for p in (tmp_path / "follower1" / "journal").iterdir()) == names
+    # Round 5's Apply (version 2) told it the leader counted version 1: what the checkpoint
+    # of 1 holds is gone, round 5's entries stay.
+    assert sorted(p.name for p in (tmp_path / "follower1" / "journal").iterdir()) == [
+        f"applied-v{2:09d}-r{5:09d}.json",
+        f"batch-v{1:09d}-r{5:09d}.bin",
+        f"decided-v{1:09d}-r{5:09d}.json",
+    ]

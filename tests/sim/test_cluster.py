@@ -111,7 +111,10 @@ def test_a_fault_free_round_applies_once_on_every_follower_with_one_save_each():
     _run(cluster, 10.0)
     assert cluster.leader.version == 1
     assert [f.version for f in cluster.followers] == [1, 1]
-    assert cluster.saves == {"inputs": 2, "applied": 2, "version": 2} and cluster.refused == 0
+    assert (
+        cluster.saves == {"batch": 2, "inputs": 2, "applied": 2, "version": 2}
+        and cluster.refused == 0
+    )
     assert learners.pulled == {0: [0, 1], 1: [0, 1]}
     want = _outer_step()
     for p in MODEL:

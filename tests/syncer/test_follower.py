@@ -374,6 +374,12 @@ def _merged_round(f, r, t=1.0):
     """Round ``r`` staged from learners 0 and 1, its norms taken and its Decide merged."""
     f.receive(r, 0, ONE)
     f.receive(r, 1, TWO)
+    # The batch is fixed once its norms are taken: its journal write starts before they
+    # are reported (nobody waits for it there), asked again it is not saved twice.
+    assert f.handle(L.RequestNorms(r, (0, 1), (0, 0)), t) == [
+        L.Save("batch", r, f.version),
+        L.Send(L.FollowerNorms(t, 0, r, (4.0, 16.0))),
+    ]
     assert f.handle(L.RequestNorms(r, (0, 1), (0, 0)), t) == [
         L.Send(L.FollowerNorms(t, 0, r, (4.0, 16.0)))
     ]
@@ -499,7 +505,8 @@ def test_a_late_rejoin_does_not_wipe_a_newer_round():
     f.receive(5, 1, TWO)
     assert f.handle(L.Rejoin(0, "found lost"), 2.0) == [_joined(2.0)]
     assert f.handle(L.RequestNorms(5, (0, 1), (0, 0)), 3.0) == [
-        L.Send(L.FollowerNorms(3.0, 0, 5, (4.0, 16.0)))
+        L.Save("batch", 5, 0),
+        L.Send(L.FollowerNorms(3.0, 0, 5, (4.0, 16.0))),
     ]
     # Once the leader spoke again, a Rejoin is a new loss.
     assert f.handle(L.Rejoin(0, "found lost"), 4.0) == [
@@ -623,7 +630,8 @@ def test_rounds_older_than_one_the_leader_asks_about_are_over():
     f.receive(5, 0, ONE)
     f.receive(5, 1, TWO)
     assert f.handle(L.RequestNorms(5, (0, 1), (0, 0)), 1.0) == [
-        L.Send(L.FollowerNorms(1.0, 0, 5, (4.0, 16.0)))
+        L.Save("batch", 5, 0),
+        L.Send(L.FollowerNorms(1.0, 0, 5, (4.0, 16.0))),
     ]
     assert (3, 2) not in f._staged and f.ended_rounds() == [[3, 3]]
     for r in (3, 4):  # seen, and never seen
@@ -646,7 +654,7 @@ def _journaled_run(f, rounds, discard=()):
         scale = 1.0 + 0.25 * r  # a different pseudo-gradient each round
         f.receive(r, 0, {"w": np.full((2, 2), scale)})
         f.receive(r, 1, {"w": np.arange(4.0).reshape(2, 2) - scale})
-        (norms,) = f.handle(L.RequestNorms(r, (0, 1), (f.version,) * 2), 1.0)
+        _, norms = f.handle(L.RequestNorms(r, (0, 1), (f.version,) * 2), 1.0)
         decide = L.Decide(r, (0, 1), (True, True), (5, 5), (1, 1), (0.5, 0.5), norms.event.sq_norms)
         save, merged = f.handle(decide, 1.0)
         assert save == L.Save("inputs", r, f.version)

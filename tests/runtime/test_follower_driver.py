@@ -173,20 +173,25 @@ def test_a_decided_rounds_inputs_round_trip_through_the_journal_bit_for_bit(tmp_
     )
 
 
+def _two_journaled_steps(node):
+    """Rounds 4 and 5 through ``node``'s core and driver: versions 1 and 2, journaled."""
+    f = node.follower
+    for r in (4, 5):
+        f.receive(r, 0, {"w": jnp.full((2, 3), 0.3 * r, jnp.bfloat16)})
+        f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
+        f.partial_norms(r, (0, 1), (f.version,) * 2)
+        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
+        FollowerNode.carry_out(node, f.handle(d, 1.0))
+        FollowerNode.carry_out(node, f.handle(m.Apply(r, f.version + 1, 0.8, 1.0), 2.0))
+
+
 def test_a_restart_redoes_the_journaled_steps_and_refuses_a_version_it_cannot_reach(tmp_path):
     """Two steps journaled after the checkpoint of version 0: ``--resume latest`` redoes
     both (the live core's parameters, bit for bit); ``--resume 1`` redoes one and deletes
     the entries of the step past it; a resume at a version the journal does not reach
     fails naming it."""
     live = _node(tmp_path)
-    for r in (4, 5):
-        f = live.follower
-        f.receive(r, 0, {"w": jnp.full((2, 3), 0.3 * r, jnp.bfloat16)})
-        f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
-        f.partial_norms(r, (0, 1), (f.version,) * 2)
-        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
-        FollowerNode.carry_out(live, f.handle(d, 1.0))
-        FollowerNode.carry_out(live, f.handle(m.Apply(r, f.version + 1, 0.8, 1.0), 2.0))
+    _two_journaled_steps(live)
     assert live.follower.version == 2
     again = _node(tmp_path)
     FollowerNode._redo(again, None, None)
@@ -236,14 +241,7 @@ def test_a_redone_step_is_logged_once_where_the_dead_process_did_not_log_it(tmp_
     the tape's. Now the restart logs each redone step the log lacks, and only those."""
     live = _node(tmp_path)
     live._after_apply = lambda d, a, v, s: FollowerNode._log_decision(live, d, a) if v == 1 else 0
-    for r in (4, 5):  # version 2's bookkeeping never ran: the process was killed before
-        f = live.follower
-        f.receive(r, 0, {"w": jnp.full((2, 3), 0.3 * r, jnp.bfloat16)})
-        f.receive(r, 1, {"w": jnp.full((2, 3), -1.7, jnp.bfloat16)})
-        f.partial_norms(r, (0, 1), (f.version,) * 2)
-        d = m.Decide(r, (0, 1), (True, True), (5, 6), (2, 2), (0.5, 0.5), (0.1, 0.2))
-        FollowerNode.carry_out(live, f.handle(d, 1.0))
-        FollowerNode.carry_out(live, f.handle(m.Apply(r, f.version + 1, 0.8, 1.0), 2.0))
+    _two_journaled_steps(live)  # version 2's bookkeeping never ran: killed before
     log = tmp_path / "follower1" / "decisions.jsonl"
     assert [json.loads(x)["version"] for x in log.read_text().splitlines()] == [1]
     FollowerNode._redo(_node(tmp_path), None, None)

@@ -672,6 +672,12 @@ def _journaled_run(f, rounds, discard=()):
     return disk
 
 
+def _live(every, **kw):
+    """A follower that checkpoints every ``every`` versions, at version 0."""
+    zeros = {"w": np.zeros((2, 2), np.float32)}
+    return Follower(0, zeros, outer.diloco(0.7, 0.8), capacity=2, checkpoint_every=every, **kw)
+
+
 def _snapshot(f):
     st = f.state
     return (
@@ -696,13 +702,7 @@ def _from_checkpoint(saved, version, every=1):
 
 
 def test_the_checkpoint_is_asked_for_every_k_versions_after_the_report():
-    f = Follower(
-        0,
-        {"w": np.zeros((2, 2), np.float32)},
-        outer.diloco(0.7, 0.8),
-        capacity=2,
-        checkpoint_every=3,
-    )
+    f = _live(3)
     disk = _journaled_run(f, 7)
     assert sorted(disk["ckpt"]) == [0, 3, 6] and f.version == 7
     assert sorted(disk["applied"]) == list(range(7))
@@ -716,14 +716,7 @@ def test_a_restart_redoes_the_journal_to_the_same_parameters_bit_for_bit(start):
     any of them the journal's steps give version 7, its parameters, outer state, version
     cache and ended rounds as the follower that ran (a discarded round in between is
     skipped: its inputs are in the journal, it was never applied)."""
-    live = Follower(
-        0,
-        {"w": np.zeros((2, 2), np.float32)},
-        outer.diloco(0.7, 0.8),
-        capacity=2,
-        checkpoint_every=3,
-        version_cache=4,
-    )
+    live = _live(3, version_cache=4)
     disk = _journaled_run(live, 8, discard=(4,))
     assert live.version == 7
     f = _from_checkpoint(disk["ckpt"][start], start, every=3)
@@ -750,13 +743,7 @@ def test_a_restart_redoes_the_journal_then_takes_back_the_round_it_was_applying(
     """Killed after its merge of round 3 (inputs saved, no ``Apply`` saved): it redoes the
     steps to version 3 and holds round 3's inputs, which it lists in its join; the
     ``Apply`` sent again gives the live follower's version 4 bit for bit."""
-    live = Follower(
-        0,
-        {"w": np.zeros((2, 2), np.float32)},
-        outer.diloco(0.7, 0.8),
-        capacity=2,
-        checkpoint_every=2,
-    )
+    live = _live(2)
     disk = _journaled_run(live, 4)
     del disk["applied"][3]  # killed before the step of round 3 was journaled
     f = _from_checkpoint(disk["ckpt"][2], 2, every=2)

@@ -403,6 +403,16 @@ class FollowerNode:
                 path.unlink(missing_ok=True)
         self.checkpointed_pruned = self.checkpointed
 
+    def _close_checkpoints(self) -> None:
+        """At exit: writes in flight finish (the newest checkpoint is whole). One that
+        failed is logged and makes the exit code non-zero; the rest of the exit goes on
+        (the journal still holds every step since the last good checkpoint)."""
+        try:
+            self.ckpt.close()
+        except Exception as e:
+            log.error("the checkpoint of version %s failed: %r", self.saving, e)
+            self.exit_code = self.exit_code or 1
+
     def _wait_checkpoint(self) -> None:
         t0 = time.perf_counter()
         try:
@@ -743,7 +753,7 @@ class FollowerNode:
             self.data.close()
             self._write_metrics()
             log.info(self.refusals.summary())
-            self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
+            self._close_checkpoints()
             write_cpu_seconds(Path(self.spec.run_dir) / f"follower{self.k}" / "cpu.json")
             log.info("stopped at version %d", self.follower.version)
 

@@ -15,6 +15,11 @@ Host arrays are written as they are: orbax's numpy handler is told not to deep-c
 (its default copies every array before returning, in time and memory: measured here, 7 s
 and 2 GB more for a 2 GB array, while the write itself took 0.4 s). :meth:`save` copies
 them itself unless the caller keeps the buffers unchanged until :meth:`wait`.
+
+``compress=False`` writes the arrays without orbax's zstd (its default): FP32 parameters
+and optimizer states barely compress (a 2 GB state measured here: 1.8 GB compressed against
+1.9 GB, for 9.3 s of CPU against 5.8 s), and a host that checkpoints while it serves
+(a follower) keeps that CPU.
 """
 
 from __future__ import annotations
@@ -27,9 +32,16 @@ import numpy as np
 
 
 class Checkpoints:
-    """Asynchronous orbax checkpoints in ``directory``, keeping the ``keep`` newest."""
+    """Asynchronous orbax checkpoints in ``directory``, keeping the ``keep`` newest
+    (``compress``: orbax's zstd, see the module doc)."""
 
-    def __init__(self, directory: str | Path, keep: int = 3, asynchronous: bool = True) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        keep: int = 3,
+        asynchronous: bool = True,
+        compress: bool = True,
+    ) -> None:
         import orbax.checkpoint as ocp
 
         if keep < 1:
@@ -46,7 +58,9 @@ class Checkpoints:
             (jax.Array, ocp.type_handlers.ArrayHandler()),  # saves copy them to the host
         )
         state = ocp.PyTreeCheckpointHandler(
-            type_handler_registry=types, multiprocessing_options=multiprocessing
+            type_handler_registry=types,
+            multiprocessing_options=multiprocessing,
+            use_compression=compress,
         )
         handlers = ocp.handlers.DefaultCheckpointHandlerRegistry()
         handlers.add("state", ocp.args.PyTreeSave, state)

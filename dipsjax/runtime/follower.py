@@ -152,7 +152,8 @@ class FollowerNode:
         method = methods.build(spec.sim.method, spec.method_settings())
         # The task's outer step, if it brings one (built lazily: no data is read here).
         tx = method.make_tx(outer_optimizer_of(load_task(spec.sim), spec.sim))
-        self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt")
+        # FP32 shards barely compress: the CPU goes to serving pulls meanwhile.
+        self.ckpt = Checkpoints(Path(spec.run_dir) / f"follower{k}" / "ckpt", compress=False)
         version, opt_state, ended = 0, None, []
         step = None if resume is None else resume_step(self.ckpt.steps(), resume)
         if step is not None:

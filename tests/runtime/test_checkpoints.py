@@ -40,3 +40,20 @@ def test_a_state_round_trips_by_its_template_and_a_copied_save_keeps_its_values(
     with pytest.raises(FileNotFoundError, match="no checkpoint with step 9"):
         again.restore(_state(), step=9)
     again.close()
+
+
+def test_an_uncompressed_checkpoint_round_trips_and_is_not_compressed(tmp_path):
+    """``compress=False`` (the followers'): the same state back, bit for bit; on disk at
+    least the state's bytes (zeros would compress to almost nothing with zstd)."""
+    zeros = {"w": np.zeros((1024, 256), np.float32), "opt": _state()["opt"]}
+    sizes = {}
+    for compress in (True, False):
+        ck = Checkpoints(tmp_path / f"ckpt{compress}", compress=compress)
+        ck.save(1, zeros, {"version": 1})
+        got, _ = ck.restore(zeros)
+        assert got["w"].tobytes() == zeros["w"].tobytes()
+        ck.close()
+        sizes[compress] = sum(
+            p.stat().st_size for p in (tmp_path / f"ckpt{compress}").rglob("*") if p.is_file()
+        )
+    assert sizes[False] >= zeros["w"].nbytes > 10 * sizes[True], sizes

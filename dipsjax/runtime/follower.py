@@ -99,7 +99,10 @@ def _read_arrays(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     ``ValueError`` naming the file if it is cut short."""
     arrays, dtypes = {}, {}
     with path.open("rb") as fh:
-        header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        try:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        except ValueError as e:
+            raise ValueError(f"{path}: its header is cut short or not JSON ({e})") from e
         for key, stored, shape, given in header:
             count = int(np.prod(shape, dtype=np.int64))
             x = np.fromfile(fh, dtype=stored, count=count)
@@ -567,11 +570,14 @@ class FollowerNode:
                 assert isinstance(a, m.Apply) and a.round_id == round_id, path
                 applied.append((a, doc["ended"]))
             elif kind == "batch":
-                batches[round_id] = path
+                batches[version, round_id] = path
             else:
                 decided.append((version, round_id, path))
-        decided = [  # a Decide is written after its batch is whole
-            (version, *self._read_inputs(path, batches[round_id]))
+        for version, round_id, path in decided:  # a Decide is written after its batch
+            if (version, round_id) not in batches:
+                raise ValueError(f"follower {self.k}: {path} has no batch beside it")
+        decided = [
+            (version, *self._read_inputs(path, batches[version, round_id]))
             for version, round_id, path in decided
         ]
         redone = self.follower.redo(decided, applied, upto)

@@ -265,8 +265,12 @@ def test_a_batch_file_cut_short_is_named(tmp_path):
     assert dtypes == {"a/w": "bfloat16", "b": "float32"}
     for k, want in x.items():
         assert got[k].dtype == want.dtype and got[k].tobytes() == want.tobytes()
-    path.write_bytes(path.read_bytes()[:-3])
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-3])
     with pytest.raises(ValueError, match=r"batch\.bin: tensor b is cut short"):
+        _read_arrays(path)
+    path.write_bytes(whole[:20])
+    with pytest.raises(ValueError, match=r"batch\.bin: its header is cut short or not JSON"):
         _read_arrays(path)
 
 
@@ -311,3 +315,14 @@ def test_a_checkpoint_failing_at_exit_makes_the_exit_code_non_zero(tmp_path):
     ok = _node(tmp_path)
     FollowerNode._close_checkpoints(ok)
     assert ok.exit_code == 0 and ok.log == [("close",)]
+
+
+def test_a_decide_without_its_batch_is_named(tmp_path):
+    f = _core()
+    f.receive(4, 0, {"w": jnp.full((2, 3), 0.3, jnp.bfloat16)})
+    f.partial_norms(4, (0,), (0,))
+    f.merged_partial(m.Decide(4, (0,), (True,), (5,), (2,), (1.0,), (0.1,)))
+    FollowerNode._save_inputs(_node(tmp_path, f), 4, 0)
+    next((tmp_path / "follower1" / "journal").glob("batch-*")).unlink()
+    with pytest.raises(ValueError, match=r"decided-v000000000-r000000004\.json has no batch"):
+        FollowerNode._redo(_node(tmp_path), None, None)

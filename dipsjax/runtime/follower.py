@@ -72,7 +72,7 @@ from dipsjax.runtime.credentials import push_ticket
 from dipsjax.runtime.spec import RunSpec, address, write_cpu_seconds, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.follower import Follower, PushRefused, resume_step, warm_up
+from dipsjax.syncer.follower import Follower, PushRefused, covered, resume_step, warm_up
 from dipsjax.task import load_task, outer_optimizer_of
 from dipsjax.transport.dataplane import DataPlaneServer, Header, decode_tensor, encode_tensor
 from dipsjax.transport.refusals import RefusalLog
@@ -403,7 +403,7 @@ class FollowerNode:
         if not prune or self.checkpointed_pruned == self.checkpointed:
             return
         for path, kind, version, _ in self._journal():
-            if version < self.checkpointed or (kind == "applied" and version == self.checkpointed):
+            if covered("applied" if kind == "applied" else "decided", version, self.checkpointed):
                 path.unlink(missing_ok=True)
         self.checkpointed_pruned = self.checkpointed
 
@@ -562,7 +562,7 @@ class FollowerNode:
         for path, kind, version, round_id in self._journal():
             if upto is not None and version > upto:  # past the leader's version
                 path.unlink()
-            elif version < base or (kind == "applied" and version == base):
+            elif covered("applied" if kind == "applied" else "decided", version, base):
                 continue  # the checkpoint restored holds it (kept: a resume may go back)
             elif kind == "applied":
                 doc = json.loads(path.read_text())

@@ -53,7 +53,7 @@ import numpy as np
 from dipsjax import outer
 from dipsjax.sim.world import World
 from dipsjax.syncer import messages as m
-from dipsjax.syncer.follower import Follower, PushRefused
+from dipsjax.syncer.follower import Follower, PushRefused, covered
 from dipsjax.syncer.leader import Leader
 
 TO_FOLLOWERS = (m.RequestNorms, m.Decide, m.Apply, m.Discard, m.Rejoin)
@@ -110,8 +110,11 @@ class FollowerDisk:
         for v in sorted(self.checkpoints)[: -self.keep]:
             del self.checkpoints[v]
         # What the journal holds before this version, the checkpoint has.
-        self.decided = {r: e for r, e in self.decided.items() if e[0] >= st.version}
-        self.applied = {r: e for r, e in self.applied.items() if e[0].version > st.version}
+        v = st.version
+        self.decided = {r: e for r, e in self.decided.items() if not covered("decided", e[0], v)}
+        self.applied = {
+            r: e for r, e in self.applied.items() if not covered("applied", e[0].version, v)
+        }
 
     def save_inputs(self, f: Follower, round_id: int, version: int) -> None:
         decision, stacked = f.round_inputs(round_id)

@@ -614,6 +614,14 @@ class Follower:
         )
 
 
+def covered(kind: str, version: int, checkpoint: int) -> bool:
+    """Whether the checkpoint of version ``checkpoint`` makes a journal entry useless:
+    ``decided`` (a round's inputs, decided at ``version``) below it, ``applied`` (a step's
+    ``Apply``, making ``version``) at or below it. A round decided at its version may still
+    be applied after a restart from it: kept."""
+    return version < checkpoint or (kind == "applied" and version == checkpoint)
+
+
 def resume_step(steps: Sequence[int], resume: int) -> int | None:
     """The checkpoint step a follower started with ``--resume`` restores (its journal
     redoes the steps after it, :meth:`Follower.redo`), or ``None``: start from version 0,

@@ -21,6 +21,9 @@ def test_a_state_round_trips_by_its_template_and_a_copied_save_keeps_its_values(
     ck.save(3, state, {"version": 3, "ended": [[0, 2]]})
     state["w"][:] = -1.0  # the caller reuses its buffer before the write is done
     ck.save(4, _state(), {"version": 4}, copy=False)
+    got, meta = ck.restore(_state(), step=3)
+    assert meta == {"version": 3, "ended": [[0, 2]]}
+    np.testing.assert_array_equal(got["w"], _state()["w"])  # copied at save
     ck.save(5, _state(), {"version": 5}, copy=False)
     assert ck.steps() == [4, 5]  # the 2 newest kept
     got, meta = ck.restore(_state(), step=4)

@@ -144,6 +144,7 @@ def test_learner_memory_tiny(tmp_path):
             "learner_memory_ratio_donate",
             "learner_memory_xla_step_gb_remat_none",
             "learner_memory_xla_step_gb_remat_full",
+            "learner_memory_xla_step_gb_remat_full_scan",
         ],
     )
     assert all(v > 0 for v in fig.values())
@@ -151,6 +152,12 @@ def test_learner_memory_tiny(tmp_path):
     assert (
         fig["learner_memory_xla_step_gb_remat_full"] < fig["learner_memory_xla_step_gb_remat_none"]
     )
+
+
+def test_scan_layers_tiny(tmp_path):
+    fig = run_benchmark("scan_layers", "--tiny", timeout=300, tmp_path=tmp_path)
+    expect(fig, ["scan_compile_ratio", "scan_scratch_ratio", "scan_step_ratio"])
+    assert all(v > 0 for v in fig.values())
 
 
 @pytest.mark.parametrize("tie", [False, True])

@@ -192,3 +192,22 @@ def test_export_refuses_a_non_empty_out_unless_forced(run, tmp_path, capsys):
     _same_bits(export.load_params(out), run.params[8])
     _same_bits(export.load_params(out, source="safetensors"), run.params[8])
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_an_export_loads_into_a_model_whose_layers_are_scanned(run, tmp_path):
+    """The export is the unrolled model's dict; ``put_params`` stacks it into a model built
+    with ``scan_layers`` (issue 21), whose logits are the run's to float32 rounding."""
+    out = tmp_path / "out"
+    assert _export(run.dir, "--out", out)[0] == 0
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
+    want = np.asarray(run.models[10](tokens))
+    scanned = Llama(get_config("tiny", scan_layers=True), rngs=nnx.Rngs(1))
+    export.put_params(scanned, export.load_params(out))
+    np.testing.assert_allclose(np.asarray(scanned(tokens)), want, rtol=1e-5, atol=1e-5)
+    stacked = nnx.state(scanned, nnx.Param)["layers"]["mlp"]["up_proj"]["kernel"].get_value()
+    np.testing.assert_array_equal(
+        stacked[1],
+        params_to_dict(nnx.state(run.models[10], nnx.Param))["layers"]["1"]["mlp"]["up_proj"][
+            "kernel"
+        ],
+    )

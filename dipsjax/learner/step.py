@@ -42,7 +42,7 @@ from dipsjax.learner.mesh import (
     shardings_for,
 )
 from dipsjax.model.configs import ModelConfig
-from dipsjax.model.llama import Llama
+from dipsjax.model.llama import LAYERS_AXIS, Llama
 from dipsjax.task import activation_sharding, activations_sharded
 
 PyTree = Any
@@ -64,7 +64,15 @@ def learning_rate_schedule(config: InnerOptimizerConfig) -> optax.Schedule:
 
 
 def _decay_mask(params: PyTree) -> PyTree:
-    return jax.tree.map(lambda x: x.ndim >= 2, params)
+    """Weight decay on matrices, not on vectors (norm scales): by each layer's own rank,
+    so the scales of blocks stacked by ``scan_layers`` stay undecayed."""
+
+    def decays(x: Any) -> Any:
+        if isinstance(x, nnx.Variable):
+            return x.replace(jnp.ndim(x.get_value()) - _stacked(x) >= 2)
+        return x.ndim >= 2
+
+    return jax.tree.map(decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
 def make_inner_optimizer(config: InnerOptimizerConfig) -> optax.GradientTransformation:
@@ -121,21 +129,59 @@ def tokens_in(batch: Any) -> int:
     return b * s
 
 
+def _stacked(variable: Any) -> bool:
+    """Whether a parameter is stacked over layers (``ModelConfig.scan_layers``): its first
+    logical axis is :data:`~dipsjax.model.llama.LAYERS_AXIS`."""
+    names = (
+        variable.get_metadata().get("out_sharding") if isinstance(variable, nnx.Variable) else None
+    )
+    return bool(names) and names[0] == LAYERS_AXIS
+
+
+def _layer(x: Any, i: int) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+    return x[i]
+
+
+def _insert(tree: dict, path: tuple, leaf: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = leaf
+
+
 def params_to_dict(params: nnx.State) -> dict[str, Any]:
-    """An ``nnx.State`` as a plain nested dict with string keys (layer ``i`` -> ``"i"``)."""
+    """An ``nnx.State`` as a plain nested dict with string keys (layer ``i`` -> ``"i"``).
 
-    def strkeys(x: Any) -> Any:
-        if isinstance(x, Mapping):
-            return {str(k): strkeys(v) for k, v in x.items()}
-        return x
+    A parameter stacked over layers (``ModelConfig.scan_layers``: first logical axis
+    ``layers``) at ``(a, *rest)`` appears as one array a layer at ``(a, "i", *rest)``,
+    ``i`` counting from 0: the dict of the unrolled model, which is what the syncer,
+    checkpoints and exports see whichever way a learner stores its blocks. Its layers are
+    slices (views of a host array, copies of a device array; shapes of an abstract one).
+    """
+    out: dict[str, Any] = {}
+    for path, variable in nnx.to_flat_state(params):
+        keys = tuple(str(k) for k in path)
+        value = variable.get_value() if isinstance(variable, nnx.Variable) else variable
+        if _stacked(variable):
+            for i in range(value.shape[0]):
+                _insert(out, (keys[0], str(i), *keys[1:]), _layer(value, i))
+        else:
+            _insert(out, keys, value)
+    return out
 
-    return strkeys(nnx.to_pure_dict(params))
+
+def _stack(leaves: list[Any]) -> Any:
+    if all(isinstance(x, jax.Array) for x in leaves):
+        return jnp.stack(leaves)
+    return np.stack([np.asarray(x) for x in leaves])
 
 
 def params_from_dict(template: nnx.State, tree: Mapping[str, Any]) -> nnx.State:
     """Inverse of :func:`params_to_dict` onto ``template``'s structure (keys and shapes checked).
 
-    Leaves are taken as given (no copy, no cast): see :meth:`InnerStep.put_params`.
+    Leaves are taken as given (no copy, no cast; the layers of a parameter stacked over
+    layers are stacked, a copy): see :meth:`InnerStep.put_params`.
     """
 
     def match(tmpl: Any, given: Any, path: str) -> Any:
@@ -156,7 +202,24 @@ def params_from_dict(template: nnx.State, tree: Mapping[str, Any]) -> nnx.State:
             )
         return given
 
-    pure = match(nnx.to_pure_dict(template), tree, "")
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), template)
+    given = match(params_to_dict(shapes), tree, "")
+    pure: dict[Any, Any] = {}
+    for path, variable in nnx.to_flat_state(template):
+        keys = tuple(str(k) for k in path)
+
+        def at(keys: tuple[str, ...]) -> Any:
+            node = given
+            for key in keys:
+                node = node[key]
+            return node
+
+        if _stacked(variable):
+            n = variable.get_value().shape[0]
+            leaf = _stack([at((keys[0], str(i), *keys[1:])) for i in range(n)])
+        else:
+            leaf = at(keys)
+        _insert(pure, tuple(path), leaf)
     out = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(out, pure)
     return out

@@ -68,6 +68,13 @@ class ModelConfig:
         chunk's logits recomputed in the backward pass, so they are never whole
         (:func:`dipsjax.learner.step.lm_loss`; the same loss to float32 rounding: the sum
         is taken in another order).
+      scan_layers: ``False`` (default): the blocks are a list, traced one by one;
+        ``True``: their parameters are stored stacked along a leading ``layers`` axis and
+        the blocks run under ``nnx.scan`` (MaxText's ``scan_layers``): one block is traced
+        and compiled whatever the depth, its remat policy applied inside the scan. The
+        parameter dict the syncer, checkpoints and exports see is the same either way
+        (:func:`dipsjax.learner.step.params_to_dict` unstacks it), as are the numbers to
+        float32 rounding.
     """
 
     name: str = "custom"
@@ -89,6 +96,7 @@ class ModelConfig:
     remat: str = "none"
     attention: str = "auto"
     loss_chunk: int = 0
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         for field in (
@@ -135,6 +143,8 @@ class ModelConfig:
                 f"ModelConfig.loss_chunk must be an integer >= 0 (0: whole logits), "
                 f"got {self.loss_chunk!r}"
             )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         for field, allowed in (("remat", REMAT_POLICIES), ("attention", ATTENTION)):
             if getattr(self, field) not in allowed:
                 raise ValueError(

@@ -50,7 +50,12 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
     ("norm", None),
+    ("layers", None),
 )
+
+#: The logical axis along which ``scan_layers`` stacks the blocks' parameters (replicated:
+#: every device holds every layer, as without the scan).
+LAYERS_AXIS = "layers"
 
 
 def _init(std: float, axes: Sequence[str]):
@@ -212,7 +217,8 @@ class Llama(nnx.Module):
             embedding_init=_init(c.init_std, ("table_vocab", "table_embed")),
             rngs=rngs,
         )
-        self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+        blocks = [Block(c, rngs=rngs) for _ in range(c.num_layers)]
+        self.layers = stack_blocks(blocks) if c.scan_layers else nnx.List(blocks)
         self.final_norm = RMSNorm(c.d_model, eps=c.norm_eps, param_dtype=c.param_dtype, rngs=rngs)
         if c.tie_embeddings:
             self.lm_head = None
@@ -255,14 +261,40 @@ class Llama(nnx.Module):
 
         x = constrain(self.embed(tokens))
         block = _remat(self.config.remat)
-        for layer in self.layers:
-            x = constrain(block(layer, x, positions))
+        if self.config.scan_layers:
+
+            @nnx.scan(
+                in_axes=(nnx.Carry, 0),
+                out_axes=nnx.Carry,
+                transform_metadata={nnx.PARTITION_NAME: LAYERS_AXIS},
+            )
+            def run(x: jax.Array, layer: Block) -> jax.Array:
+                return constrain(block(layer, x, positions))
+
+            x = run(x, self.layers)
+        else:
+            for layer in self.layers:
+                x = constrain(block(layer, x, positions))
         return self.final_norm(x)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits ``[..., vocab]`` of final-normed states ``[..., d_model]``."""
         out = self.embed.attend(hidden) if self.lm_head is None else self.lm_head(hidden)
         return out.astype(jnp.float32)
+
+
+def stack_blocks(blocks: Sequence[Block]) -> Block:
+    """One :class:`Block` whose parameters are ``blocks``' stacked along a leading axis
+    (logical axis :data:`LAYERS_AXIS`), for ``nnx.scan``: the same values as the list, so a
+    scanned model starts where the unrolled one of the same seed starts."""
+    graphdef, *_ = nnx.split(blocks[0], nnx.Param)
+    states = [nnx.state(b, nnx.Param) for b in blocks]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    for _, variable in nnx.to_flat_state(stacked):
+        names = variable.get_metadata().get("out_sharding")
+        if names is not None:
+            variable.set_metadata(out_sharding=(LAYERS_AXIS, *names))
+    return nnx.merge(graphdef, stacked)
 
 
 def _call_block(layer: Block, x: jax.Array, positions: jax.Array) -> jax.Array:

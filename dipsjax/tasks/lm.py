@@ -3,7 +3,8 @@ a text corpus (``SimConfig.corpus``), the papers' setting.
 
 Keyword arguments (``SimConfig.task_args``)::
 
-    get_task(cfg, tokenizer="byte", records=None, remat="none", attention="auto", loss_chunk=0)
+    get_task(cfg, tokenizer="byte", records=None, remat="none", attention="auto", loss_chunk=0,
+             scan_layers=False)
 
 * ``tokenizer``: any spec :func:`~dipsjax.data.tokenizer.load_tokenizer` accepts: ``"byte"``
   (the default: UTF-8 bytes), ``"bpe:1024"`` (a byte-level BPE of 1024 ids trained on the
@@ -18,11 +19,12 @@ Keyword arguments (``SimConfig.task_args``)::
   bpe:1024``) using the same corpus, tokenizer and ``chunk_len``. ``None``: the chunks are
   tokenized in memory (:class:`~dipsjax.data.pipeline.TokenChunks`). Both give the same
   batches, bit for bit.
-* ``remat``, ``attention``, ``loss_chunk``: the model's activation rematerialisation
-  policy, attention implementation and the positions its loss takes at a time (0: the
-  whole logits) (:class:`~dipsjax.model.configs.ModelConfig`; the numbers are the same
-  whichever, to float32 rounding for ``loss_chunk``), e.g. ``--set
-  "sim.task_args={'remat': 'full', 'loss_chunk': 128}"``.
+* ``remat``, ``attention``, ``loss_chunk``, ``scan_layers``: the model's activation
+  rematerialisation policy, attention implementation, the positions its loss takes at a
+  time (0: the whole logits) and whether its blocks are stacked and run under ``nnx.scan``
+  (:class:`~dipsjax.model.configs.ModelConfig`; the numbers are the same whichever, to
+  float32 rounding for ``loss_chunk`` and ``scan_layers``), e.g. ``--set
+  "sim.task_args={'remat': 'full', 'loss_chunk': 128, 'scan_layers': True}"``.
 
 Data: the corpus's train split, tokenized and cut into chunks of ``chunk_len`` target
 tokens, read in ``SimConfig.data_layout``: ``"contiguous"`` (the default: a batch is
@@ -68,6 +70,7 @@ def get_task(
     remat: str = "none",
     attention: str = "auto",
     loss_chunk: int = 0,
+    scan_layers: bool = False,
 ) -> Task:
     """The language-model task of experiment ``cfg`` (a :class:`~dipsjax.sim.config.SimConfig`)
     with ``tokenizer`` and, optionally, training chunks read from ``records`` (module doc)."""
@@ -91,7 +94,12 @@ def get_task(
         _records_key(records),
         cfg.data_layout,
         cfg.seed if cfg.data_layout == "spread" else 0,  # the layout's permutation
-        (("remat", remat), ("attention", attention), ("loss_chunk", loss_chunk)),
+        (
+            ("remat", remat),
+            ("attention", attention),
+            ("loss_chunk", loss_chunk),
+            ("scan_layers", scan_layers),
+        ),
     )
 
 

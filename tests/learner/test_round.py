@@ -210,3 +210,28 @@ def test_round_reports_the_mean_gradient_norm_of_its_steps(learner):
     assert len(set(norms)) == 3 and all(n > 0 for n in norms)
     np.testing.assert_allclose(c.grad_norm, np.mean(norms), rtol=1e-6)
     assert math.isnan(learner.run_round(iter([]), num_steps=3).grad_norm)  # no step
+
+
+def test_a_scanned_learner_contributes_the_unrolled_learner_s_pseudo_gradient():
+    """Issue 21: a learner whose blocks are stacked and scanned (``scan_layers``) pulls the
+    unrolled model's dict and pushes its pseudo-gradient in that same dict, layer by layer:
+    the syncer cannot tell them apart (equal to float32 rounding of a two-step round)."""
+    from dipsjax import outer
+
+    deltas = []
+    for scan in (False, True):
+        learner = Learner(
+            get_config("tiny", scan_layers=scan), OPT, mesh=None, learner_id=0, params=tiny_init()
+        )
+        got = learner.run_round(batches(2), num_steps=2).to_host()
+        assert got.steps == 2 and got.tokens == 2 * BATCH * SEQ
+        deltas.append(outer.flatten(got.delta))
+        again = outer.flatten(learner.params_dict())
+        assert list(again) == list(outer.flatten(tiny_init()))
+    plain, scanned = deltas
+    assert list(scanned) == list(plain)
+    lr = OPT.learning_rate
+    for path, want in plain.items():
+        assert np.max(np.abs(want)) > 0.5 * lr, path  # the round moved every tensor
+        np.testing.assert_allclose(scanned[path], want, rtol=0, atol=2 * 2 * lr, err_msg=str(path))
+        assert np.mean(np.abs(scanned[path] - want) > 1e-2 * lr) < 1e-3, path

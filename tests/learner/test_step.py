@@ -223,3 +223,83 @@ def test_parameter_dicts_round_trip_and_name_mismatches():
     missing = {k: v for k, v in tree.items() if k != "lm_head"}
     with pytest.raises(ValueError, match="lm_head"):
         params_from_dict(inner.abstract_params, missing)
+
+
+def canonical(tree):
+    """``{path: host copy}`` of a parameter-shaped state in the dict the syncer sees."""
+    from dipsjax import outer
+
+    return {p: np.array(x, copy=True) for p, x in outer.flatten(params_to_dict(tree)).items()}
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_a_scanned_sharded_step_matches_the_unrolled_unsharded_one(shape):
+    """Issue 21: a learner whose blocks are stacked and scanned (``scan_layers``), on a
+    (data, fsdp, tensor) mesh of CPU devices, starts from the unrolled model's parameter
+    dict and takes two AdamW steps to the unrolled unsharded learner's parameters and
+    moments, seen through the same dict. The stacked layer axis is replicated; the norm
+    scales of the stacked blocks get no weight decay (a rank-2 stack of vectors)."""
+    init = tiny_init()
+    plain = InnerStep(get_config("tiny"), OPT, mesh=None)
+    data, fsdp, tensor = shape
+    mesh = make_partition_mesh(
+        jax.devices()[: data * fsdp * tensor], data=data, fsdp=fsdp, tensor=tensor
+    )
+    scanned = InnerStep(get_config("tiny", scan_layers=True), OPT, mesh=mesh)
+    kernel = scanned.param_shardings["layers"]["attn"]["q_proj"]["kernel"].get_value()
+    assert kernel.spec[0] is None and kernel.mesh is mesh
+    results = []
+    for inner in (plain, scanned):
+        params = inner.put_params(init)
+        opt_state = inner.init_opt_state(params)
+        losses = []
+        for batch in batches(2):
+            params, opt_state, m = inner.step(params, opt_state, inner.put_batch(batch))
+            losses.append(float(m["loss"]))
+        adam = opt_state["adamw"][0]
+        results.append((losses, canonical(params), canonical(adam.mu), canonical(adam.nu)))
+    (ref_losses, *ref), (losses, *got) = results
+    assert losses == pytest.approx(ref_losses, rel=1e-6)
+    lr = OPT.learning_rate
+    for name, got_tree, ref_tree in zip(("params", "mu", "nu"), got, ref, strict=True):
+        assert list(got_tree) == list(ref_tree)
+        for path, want in ref_tree.items():
+            have = got_tree[path]
+            if name == "params":  # AdamW's per-element division: as in the test above
+                np.testing.assert_allclose(have, want, rtol=0, atol=2 * 2 * lr, err_msg=str(path))
+                assert np.mean(np.abs(have - want) > 1e-2 * lr) < 1e-3, path
+            else:
+                np.testing.assert_allclose(have, want, rtol=1e-4, atol=1e-7, err_msg=str(path))
+    # The decay mask, per layer: a stacked norm scale is a vector, a stacked kernel a matrix.
+    from dipsjax.learner.step import _decay_mask
+
+    mask = {
+        "/".join(map(str, p)): v.get_value()
+        for p, v in nnx.to_flat_state(_decay_mask(scanned.abstract_params))
+    }
+    assert mask["layers/attn_norm/scale"] is False and mask["layers/mlp/up_proj/kernel"] is True
+
+
+def test_scanned_parameter_dicts_round_trip_and_name_a_missing_layer():
+    inner = InnerStep(get_config("tiny", scan_layers=True), OPT, mesh=None)
+    tree = tiny_init()
+    state = params_from_dict(inner.abstract_params, tree)
+    stacked = state["layers"]["attn"]["q_proj"]["kernel"].get_value()
+    assert stacked.shape == (2, 64, 64)
+    np.testing.assert_array_equal(stacked[1], tree["layers"]["1"]["attn"]["q_proj"]["kernel"])
+    again = params_to_dict(state)
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert jax.tree.structure(again) == jax.tree.structure(tree)
+    missing = {**tree, "layers": {"0": tree["layers"]["0"]}}
+    with pytest.raises(ValueError, match=r"at /layers: missing keys \['1'\]"):
+        params_from_dict(inner.abstract_params, missing)
+    bad = {
+        **tree,
+        "layers": {
+            **tree["layers"],
+            "1": {**tree["layers"]["1"], "attn_norm": {"scale": np.ones(3)}},
+        },
+    }
+    with pytest.raises(ValueError, match=r"layers/1/attn_norm/scale.*\(64,\)"):
+        params_from_dict(inner.abstract_params, bad)

@@ -216,3 +216,55 @@ def _loss_grads_and_temp_bytes_of(config, batch):
 
     value, grads = jax.jit(jax.value_and_grad(loss))(params, batch)
     return float(value), jax.tree.leaves(grads), None
+
+
+def _dot_count(config):
+    """Matrix products in XLA's optimised program of one loss-and-gradient call."""
+    graphdef, params = nnx.split(Llama(config, rngs=nnx.Rngs(0)), nnx.Param)
+    fn = jax.jit(jax.grad(lambda p, t: jnp.mean(nnx.merge(graphdef, p)(t) ** 2)))
+    text = fn.lower(params, tokens()).compile().as_text()
+    return text.count(" dot(")
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_scanned_layers_give_the_unrolled_numbers(remat):
+    """Issue 21: ``scan_layers`` stores the blocks' parameters stacked (logical axis
+    ``layers`` first) and runs them under ``nnx.scan``. Built from the same seed it holds the
+    unrolled model's values (stacked); its logits and every gradient equal the unrolled
+    model's to float32 rounding, under each remat policy."""
+    from dipsjax.learner.step import params_to_dict
+
+    plain = Llama(get_config("tiny", remat=remat, num_layers=3), rngs=nnx.Rngs(0))
+    scanned = Llama(
+        get_config("tiny", remat=remat, num_layers=3, scan_layers=True), rngs=nnx.Rngs(0)
+    )
+    for path, var in nnx.to_flat_state(nnx.state(scanned, nnx.Param)):
+        if path[0] == "layers":
+            assert var.shape[0] == 3 and var.get_metadata()["out_sharding"][0] == "layers"
+    want = params_to_dict(nnx.state(plain, nnx.Param))
+    got = params_to_dict(nnx.state(scanned, nnx.Param))
+    assert list(got["layers"]) == ["0", "1", "2"]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+    x = tokens(seed=3)
+    np.testing.assert_allclose(scanned(x), plain(x), rtol=1e-5, atol=1e-6)
+
+    def loss(model, t):
+        return jnp.mean(model(t) ** 2)
+
+    g_plain = params_to_dict(nnx.grad(loss)(plain, x))
+    g_scanned = params_to_dict(nnx.grad(loss)(scanned, x))
+    for a, b in zip(jax.tree.leaves(g_scanned), jax.tree.leaves(g_plain), strict=True):
+        # Float32 rounding of sums taken in another order: relative to the tensor's scale.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.max(np.abs(b)))
+
+
+def test_a_scanned_program_holds_one_block_whatever_the_depth():
+    """What the scan is for: XLA compiles one block's products, not one set a layer. The
+    unrolled program's matrix products grow with the depth; the scanned one's do not."""
+    unrolled = {n: _dot_count(get_config("tiny", num_layers=n)) for n in (2, 6)}
+    scanned = {n: _dot_count(get_config("tiny", num_layers=n, scan_layers=True)) for n in (2, 6)}
+    assert unrolled[6] > 2 * unrolled[2], unrolled
+    assert scanned[6] == scanned[2], scanned
+    with pytest.raises(ValueError, match=r"ModelConfig\.scan_layers must be a bool"):
+        get_config("tiny", scan_layers="yes")

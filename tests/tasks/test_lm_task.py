@@ -274,3 +274,5 @@ def test_remat_and_attention_reach_the_model_from_the_task_args(data):
     assert load_task(SimConfig()).model(nnx.Rngs(0)).config.remat == "none"
     with pytest.raises(ValueError, match=r"ModelConfig\.remat must be one of"):
         load_task(SimConfig(task_args=(("remat", "everything"),)))
+    scanned = load_task(SimConfig(task_args={"scan_layers": True})).model(nnx.Rngs(0))
+    assert scanned.config.scan_layers and not model.config.scan_layers

@@ -621,19 +621,8 @@ class LearnerNode:
         flat, base = self.encoded(plan.round_id, self.delta), self.learner.version
         if not self.spec.sim.overlap:
             return self._pushed(plan, self._transfer(plan, flat, base))
-        if self.pusher is not None and self.pusher.is_alive():
-            # One push in flight at a time: an older one (a rejoin dropped its round) ends
-            # first; it reports under the lock, so the lock is let go meanwhile.
-            held = self.holder == threading.get_ident()
-            if held:
-                self.holder = None
-                self.lock.release()
-            try:
-                self.pusher.join()
-            finally:
-                if held:
-                    self.lock.acquire()
-                    self.holder = threading.get_ident()
+        if self.pusher is not None:
+            self.pusher.join()  # (the protocol holds one push in flight; a rejoin's may end)
         self.pusher = threading.Thread(
             target=self._push_behind, args=(plan, flat, base), name="push", daemon=True
         )

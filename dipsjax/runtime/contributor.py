@@ -236,8 +236,7 @@ class ContributorNode(LearnerNode):
 
     def _train_round(self) -> list[m.Command]:
         assert self.current is not None
-        with self.training():  # the user trains: the queue's inputs are taken meanwhile
-            given = self.owner._offer(self.learner.version, self.current, self)
+        given = self.owner._offer(self.learner.version, self.current, self)
         if given is None:
             return []  # the job stopped, or the user closed it, while the user trained
         ref = self.current if self.compute.reference != "server" else self.base_flat

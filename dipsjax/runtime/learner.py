@@ -5,15 +5,7 @@ object the simulator's learners run); this module only carries out its commands 
 calls, training rounds on the partition (:class:`~dipsjax.runtime.partition.Compute`),
 pushes and pulls on the data plane, orbax checkpoints -- and feeds back what came of them.
 The main thread owns the protocol; the watch stream, the heartbeats and (with ``overlap``)
-the background puller are threads that only put inputs on its queue. The protocol is
-driven under a lock, which the main thread lets go only while it trains a round; meanwhile
-a pump thread takes the queue's inputs as the main thread would (a ``NotifyPull`` starts
-its background pull at once, not when the round ends), carrying out only what may run
-beside a round (control calls, background pulls, settles, an exit) and leaving the rest
-(a rejoin, a pull to wait for, a round) and a lost leader to the main thread, after the
-round. With ``overlap`` the push streams in a thread too, beside the next round, and
-reports its end to the protocol itself: ``TransferDone`` goes out when the last shard is
-on the followers, not when that round ends.
+the background puller are threads that only put inputs on its queue.
 
 A round: draw ``H`` batches (chunks leased from the leader), train, report
 ``PushRequested``, stream its tensors to the followers in the order of the leader's
@@ -88,7 +80,6 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -274,20 +265,9 @@ class LearnerNode:
             for _ in range(2)
         )
         self.pushes = 0  # pushes started by this process
-        # The protocol's lock: held by the thread that drives it (the main thread, which
-        # lets go of it while it trains, or the background push reporting its end).
-        self.lock = threading.Lock()
-        self.holder: int | None = None  # the thread that holds it
-        self.pusher: threading.Thread | None = None  # overlap: the push in flight
-        self.pump: int | None = None  # the pump thread's id, while a round trains
-        # What the pump left to the main thread: inputs (a lost leader, a failure), and
-        # commands that may not run beside a round, in order.
-        self.stash: collections.deque = collections.deque()
-        self.deferred: collections.deque = collections.deque()
         self.armed: LinkCut | None = None  # fault injection: a cut armed for this push
         # The main thread owns the protocol; every other thread only puts inputs here:
-        # ("action", Action, stream), ("lost", LeaderLost), ("pulled", version, params),
-        # ("failed", exception) (overlap: the background push broke).
+        # ("action", Action, stream), ("lost", LeaderLost), ("pulled", version, params).
         self.inputs: queue.Queue = queue.Queue()
         self.moving = threading.Lock()
         self.notices: queue.Queue = queue.Queue()  # overlap: versions to pull, in the background
@@ -379,71 +359,6 @@ class LearnerNode:
                 continue
             self.inputs.put(("pulled", v, params))
 
-    # -- the protocol's lock ------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """Drives the protocol (this thread alone, until the block ends)."""
-        self.lock.acquire()
-        self.holder = threading.get_ident()
-        try:
-            yield
-        finally:
-            self.holder = None
-            self.lock.release()
-
-    @contextlib.contextmanager
-    def training(self) -> Iterator[None]:
-        """A round trains in this block: the protocol's lock is let go, and a pump thread
-        takes the queue's inputs meanwhile (:meth:`_pump`). A no-op where this thread
-        does not hold the lock (a solo round)."""
-        if self.holder != threading.get_ident():
-            yield
-            return
-        done = threading.Event()
-        pump = threading.Thread(target=self._pump, args=(done,), name="pump", daemon=True)
-        self.holder = None
-        self.lock.release()
-        pump.start()
-        try:
-            yield
-        finally:
-            done.set()
-            pump.join()
-            self.lock.acquire()
-            self.holder = threading.get_ident()
-
-    def _pump(self, done: threading.Event) -> None:
-        """While a round trains: the queue's inputs, taken as the main thread takes them,
-        until the round ends or an input is the main thread's (a lost leader, a failure:
-        stashed, taken first after the round)."""
-        self.pump = threading.get_ident()
-        try:
-            while not done.is_set() and not self.stash:
-                try:
-                    item = self.inputs.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if item[0] not in ("action", "pulled"):
-                    self.stash.append(item)
-                    return
-                with self.locked():
-                    self.execute(self._input(item))
-        except BaseException as e:  # a bug: the main thread raises it
-            self.stash.append(("failed", e))
-        finally:
-            self.pump = None
-
-    def _beside(self, c: m.Command) -> bool:
-        """Whether ``c`` may run beside a round being trained: it touches neither the
-        partition's compute nor the data (a control call, a background pull, a settle, an
-        exit)."""
-        if isinstance(c, m.Send):
-            return not isinstance(c.event, m.PushRequested)
-        if isinstance(c, m.Pull):
-            return c.background
-        return isinstance(c, m.Settle | m.Exit)
-
     # -- the protocol's commands ---------------------------------------------------------
 
     def now(self) -> float:
@@ -451,23 +366,12 @@ class LearnerNode:
 
     def execute(self, commands: list[m.Command]) -> None:
         """Carries out the protocol's commands in order; what comes of each goes back to
-        the protocol, whose new commands come first. On the pump, the first command that
-        may not run beside the round and every one after it wait for the main thread."""
+        the protocol, whose new commands come first."""
         todo = collections.deque(commands)
         while todo:
             c = todo.popleft()
-            if self.pump == threading.get_ident() and not self._beside(c):
-                self.deferred.extend([c, *todo])
-                return
             more = self._one(c)
             todo.extendleft(reversed(more))
-
-    def _catch_up(self) -> None:
-        """The main thread, after a round: what the pump left to it, in order."""
-        while self.deferred:
-            todo = list(self.deferred)
-            self.deferred.clear()
-            self.execute(todo)
 
     def _one(self, c: m.Command) -> list[m.Command]:
         self.phase(self.proto.state.value)  # the state this command carries out
@@ -527,15 +431,11 @@ class LearnerNode:
 
     def _call_failed(self, e: Exception, what: str) -> list[m.Command]:
         """A control call failed: the leader is away (the protocol rejoins), or SIGTERM
-        closed the channel (``ValueError``; nothing more to do). On the pump the rejoin
-        is the main thread's, after the round."""
+        closed the channel (``ValueError``; nothing more to do)."""
         if self.terminating:
             return []
         if not isinstance(e, grpc.RpcError):
             raise e
-        if self.pump == threading.get_ident():
-            self.stash.append(("lost", LeaderLost(f"{what}: {e.code()}", self.generation)))
-            return []
         return self._lost(LeaderLost(f"{what}: {e.code()}", self.generation))
 
     def _lost(self, e: LeaderLost) -> list[m.Command]:
@@ -563,15 +463,13 @@ class LearnerNode:
 
     def _drain(self) -> None:
         """Takes what the other threads said meanwhile (a Stop, an eviction, a pull
-        notice), before a long command; first what the pump left."""
-        self._catch_up()
+        notice), before a long command."""
         while True:
             try:
-                item = self.stash.popleft() if self.stash else self.inputs.get_nowait()
+                item = self.inputs.get_nowait()
             except queue.Empty:
                 return
             self.execute(self._input(item))
-            self._catch_up()
 
     def _train(self, c: m.Train) -> list[m.Command]:
         if c.wait > 0:
@@ -602,13 +500,10 @@ class LearnerNode:
             return self._call_failed(e, "ChunkRequested")
         if not data.batches:
             return self.proto.on_trained(None, self.now())
-        with self.training():
-            t0 = time.perf_counter()
-            contrib, self.delta = self.compute.call(
-                "round", data.batches, len(data.batches), self.base
-            )
-            took = time.perf_counter() - t0
-            time.sleep((speed - 1.0) * took)
+        t0 = time.perf_counter()
+        contrib, self.delta = self.compute.call("round", data.batches, len(data.batches), self.base)
+        took = time.perf_counter() - t0
+        time.sleep((speed - 1.0) * took)
         self._count(contrib.tokens, t0, took)
         meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
         self.pulled = False
@@ -616,61 +511,9 @@ class LearnerNode:
         return self.proto.on_trained(meta, self.now())
 
     def _push(self, plan: m.PushShards) -> list[m.Command]:
-        # Encoded here, from the protocol's thread: error feedback's residual and the base
-        # version are the protocol's (the next round start may take a newer version).
-        flat, base = self.encoded(plan.round_id, self.delta), self.learner.version
-        if not self.spec.sim.overlap:
-            return self._pushed(plan, self._transfer(plan, flat, base))
-        if self.pusher is not None:
-            self.pusher.join()  # (the protocol holds one push in flight; a rejoin's may end)
-        self.pusher = threading.Thread(
-            target=self._push_behind, args=(plan, flat, base), name="push", daemon=True
-        )
-        self.pusher.start()
-        return []
-
-    def _push_behind(self, plan: m.PushShards, flat: dict, base: int) -> None:
-        """Overlap: streams the push while the main thread trains on, then gives the
-        protocol its end and sends what it says (``TransferDone``, or a ``Leave``) at once.
-        What comes back (the replies' actions, a lost leader) goes to the main thread's
-        queue, as the watch stream's does: a rejoin, a pull or a round is the main
-        thread's to carry out."""
         try:
-            failure = self._transfer(plan, flat, base)
-            with self.locked():
-                generation = self.generation
-                for c in self._pushed(plan, failure):
-                    if not isinstance(c, m.Send):
-                        self.execute([c])  # an Exit, a Settle
-                        continue
-                    if self.terminating:
-                        break  # SIGTERM: no more calls (the channel is being closed)
-                    name = type(c.event).__name__
-                    try:
-                        replies = self.control.call(c.event)
-                    except grpc.RpcError as e:
-                        self.inputs.put(("lost", LeaderLost(f"{name}: {e.code()}", generation)))
-                        break
-                    except ValueError:  # the channel closed: SIGTERM
-                        if self.terminating:
-                            break
-                        raise
-                    for a in replies:
-                        self.inputs.put(("action", a, generation))
-        except BaseException as e:  # a bug: the main thread raises it
-            self.inputs.put(("failed", e))
-
-    def _transfer(self, plan: m.PushShards, flat: dict, base: int) -> Exception | None:
-        """Sends the push; the transfer error that ended it, if one did."""
-        try:
-            self.push(plan, flat, base)
+            self.push(plan, self.delta)
         except TRANSFER_ERRORS as e:
-            return e
-        return None
-
-    def _pushed(self, plan: m.PushShards, e: Exception | None) -> list[m.Command]:
-        """The protocol's word on a push that ended (``e``: the error that failed it)."""
-        if e is not None:
             log.warning("push of round %d failed (%s)", plan.round_id, e)
             kind = getattr(e, "kind", None)
             replayed, nonfinite = kind == "replayed", kind == "nonfinite"
@@ -714,8 +557,6 @@ class LearnerNode:
         if kind == "pulled":
             self.latest = (item[1], item[2])
             return self.proto.on_pulled(item[1], self.now(), background=True)
-        if kind == "failed":
-            raise item[1]
         raise TypeError(f"unknown input {kind!r}")
 
     def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
@@ -750,13 +591,12 @@ class LearnerNode:
             return outer.flatten(jax.device_get(delta))
         return outer.flatten(jax.device_get(tree))
 
-    def push(self, plan: m.PushShards, flat: dict, base: int) -> None:
-        """Streams the push's tensors (``flat``, :meth:`encoded`) of a round trained from
-        version ``base`` to the followers of ``plan``, all at once."""
+    def push(self, plan: m.PushShards, delta: dict) -> None:
+        flat = self.encoded(plan.round_id, delta)
         by_follower: dict[int, list] = {}
         for tr in plan.transfers:  # in the plan's order
             by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
-        codec = self.spec.sim.wire
+        base, codec = self.learner.version, self.spec.sim.wire
         ticket = bytes.fromhex(plan.ticket)  # the leader's grant, checked by each follower
 
         def one(k: int) -> int:
@@ -1098,25 +938,18 @@ class LearnerNode:
         if self.spec.sim.overlap:
             threading.Thread(target=self._puller, daemon=True).start()
         try:
-            with self.locked():
-                self.execute(self.proto.start(self.now(), resume=self.resume))
+            self.execute(self.proto.start(self.now(), resume=self.resume))
             while self.proto.state is not State.EXITED:
                 self.phase(self.proto.state.value)
                 if self.terminating:
                     log.info("SIGTERM after %d rounds", self.rounds)
                     break
-                with self.locked():
-                    self._catch_up()
                 try:
-                    item = self.stash.popleft() if self.stash else self.inputs.get(timeout=0.2)
+                    item = self.inputs.get(timeout=0.2)
                 except queue.Empty:
                     continue
-                with self.locked():
-                    self.execute(self._input(item))
-                    self._catch_up()
+                self.execute(self._input(item))
         finally:
-            if self.pusher is not None:  # overlap: its report first (or its failure)
-                self.pusher.join(timeout=self.spec.transfer_patience + 30.0)
             self.phase("exited")
             self.write_stats()
             self.stop.set()

@@ -23,22 +23,27 @@ def _node(error):
     plan = m.PushShards(0, J, (m.Transfer(0, 0, 0), m.Transfer(1, 1, 0)))
     assert proto.on_action(plan, 2.0) == [m.Push(plan)]
 
+    def push(plan, delta):
+        raise error
+
     def followers_up():
         pytest.fail("the leader was asked which followers are up")
 
-    node = types.SimpleNamespace(j=J, proto=proto, now=lambda: 9.0, _followers_up=followers_up)
-    return node, plan, error
+    node = types.SimpleNamespace(
+        j=J, proto=proto, delta={}, now=lambda: 9.0, push=push, _followers_up=followers_up
+    )
+    return node, plan
 
 
 def test_a_push_refused_as_not_finite_leaves_and_exits_for_a_new_incarnation():
-    node, plan, error = _node(TransferError("holds NaN", refused=True, kind="nonfinite"))
-    assert LearnerNode._pushed(node, plan, error) == [
+    node, plan = _node(TransferError("holds NaN", refused=True, kind="nonfinite"))
+    assert LearnerNode._push(node, plan) == [
         m.Send(m.Leave(9.0, J)),
         m.Exit(m.ExitCode.EVICTED, "round 0: push refused as not finite"),
     ]
 
 
 def test_a_push_refused_as_a_replay_waits_for_the_rounds_pull():
-    node, plan, error = _node(TransferError("round 0 has ended", refused=True, kind="replayed"))
-    assert LearnerNode._pushed(node, plan, error) == []
+    node, plan = _node(TransferError("round 0 has ended", refused=True, kind="replayed"))
+    assert LearnerNode._push(node, plan) == []
     assert node.proto.on_action(m.NotifyPull(0, (J,), 1), 10.0) == [m.Pull(1)]

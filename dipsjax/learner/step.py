@@ -75,11 +75,31 @@ def _decay_mask(params: PyTree) -> PyTree:
     return jax.tree.map(decays, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformation:
+    """``g * (1 if ||g|| < c else c / ||g||)``: ``optax.clip_by_global_norm``'s rule (its
+    trigger, its ``EmptyState``), with the clip taken as one scalar factor that multiplies
+    each leaf rather than an elementwise ``g / ||g|| * c``.
+
+    XLA fuses the product into AdamW's moment updates; optax's divide it writes out first,
+    a second float32 copy of every gradient: 4.94 GB of the 7.94 GB of scratch XLA plans
+    for one ``llama3.2-1b`` step (``benchmarks/learner_memory.py``). The same numbers bit
+    for bit when the norm is below ``c``, to float32 rounding (an ulp) when it clips.
+    """
+
+    def update_fn(updates: PyTree, state: Any, params: PyTree = None) -> tuple[PyTree, Any]:
+        del params
+        norm = optax.tree.norm(updates)
+        factor = jnp.where(norm < max_norm, jnp.ones_like(norm), max_norm / norm)
+        return jax.tree.map(lambda g: g * factor.astype(g.dtype), updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def make_inner_optimizer(config: InnerOptimizerConfig) -> optax.GradientTransformation:
     """``clip_by_global_norm(c) -> adamw(schedule)`` as an ``optax.named_chain``."""
     parts: list[tuple[str, optax.GradientTransformation]] = []
     if config.clip_norm is not None:
-        parts.append(("clip", optax.clip_by_global_norm(config.clip_norm)))
+        parts.append(("clip", clip_by_global_norm(config.clip_norm)))
     parts.append(
         (
             "adamw",

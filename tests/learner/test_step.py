@@ -303,3 +303,24 @@ def test_scanned_parameter_dicts_round_trip_and_name_a_missing_layer():
     }
     with pytest.raises(ValueError, match=r"layers/1/attn_norm/scale.*\(64,\)"):
         params_from_dict(inner.abstract_params, bad)
+
+
+def test_the_inner_clip_is_optax_s_rule_as_one_scalar_factor():
+    """``clip_by_global_norm``: optax's trigger and state, the clip taken as a factor
+    (XLA fuses it into AdamW instead of writing out a second float32 copy of every
+    gradient: 4.9 GB at 1B). Below the norm it passes the gradients bit for bit; above it
+    gives optax's result to float32 rounding, with global norm c."""
+    from dipsjax.learner.step import clip_by_global_norm
+
+    rng = np.random.default_rng(0)
+    grads = {"a": jnp.asarray(rng.normal(size=(64, 32)), jnp.float32), "b": jnp.ones(7)}
+    norm = float(optax.tree.norm(grads))
+    for c in (2 * norm, 0.1 * norm):
+        ours, state = jax.jit(clip_by_global_norm(c).update)(grads, optax.EmptyState())
+        theirs, _ = jax.jit(optax.clip_by_global_norm(c).update)(grads, optax.EmptyState())
+        assert isinstance(state, optax.EmptyState)
+        for k, g in grads.items():
+            if c > norm:
+                np.testing.assert_array_equal(ours[k], g)
+            np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+        assert float(optax.tree.norm(ours)) == pytest.approx(min(c, norm), rel=1e-6)

@@ -18,6 +18,13 @@ activations, the update's temporaries) beside the plan's 16 bytes a parameter. W
 ``--xla-only`` that plan alone, for models too large to train here (``--config
 llama3.2-1b``: 1.24B parameters).
 
+With ``--run-step`` it then runs ``--steps`` (at least 2) inner steps of the model with its
+layers scanned and every block rematerialised, in a fresh process built as the runtime
+builds a learner, and reports that process's peak resident memory (everything in it)
+beside XLA's plan and this host's memory, and how many times the step compiled (once:
+the second step's inputs are placed as the first's). ``--config llama3.2-1b --xla-only
+--run-step``: about 8 minutes here.
+
 Run: ``.venv/bin/python benchmarks/learner_memory.py`` (a 135M-parameter model, d = 1024,
 8 layers: about 2 minutes and 5 GB here; ``--config small`` for a named model; ``--tiny``:
 the harness on the tiny model, whose figure means nothing next to the allocator's own).
@@ -30,6 +37,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 
 def _status(key: str) -> int:
@@ -59,6 +67,38 @@ def _child(config_name: str, steps: int, donate: bool) -> dict:
     peak = _status("VmHWM") - before
     n = sum(x.size for x in jax.tree.leaves(learner.params_dict()))
     return {"params": n, "peak": peak, "plan": sum(learner_memory(n, donate=donate).values())}
+
+
+def _step_child(config_name: str, steps: int, batch: int, seq: int) -> dict:
+    """``steps`` inner steps of the scanned model with every block rematerialised, on a
+    learner built as the runtime builds one (its step donating); the process's peak
+    resident memory, all of it (JAX, the compiled program and the data included).
+
+    The steps run on the learner's step function directly: a round would also keep its
+    starting parameters for the pseudo-gradient (4.9 GB more at 1B)."""
+    import jax
+    import numpy as np
+
+    from dipsjax.learner import InnerOptimizerConfig, Learner
+
+    config = _config(config_name).replace(remat="full", scan_layers=True)
+    learner = Learner(config, InnerOptimizerConfig(), mesh=None, learner_id=0, donate=True)
+    inner, rng = learner.inner, np.random.default_rng(0)
+    params, opt_state = learner.params, learner.opt_state  # donated to the first step
+    losses, seconds = [], []
+    for _ in range(steps):
+        tokens = rng.integers(0, config.vocab_size, (batch, seq + 1)).astype(np.int32)
+        t = time.perf_counter()
+        params, opt_state, metrics = inner.step(params, opt_state, inner.put_batch(tokens))
+        losses.append(float(jax.device_get(metrics["loss"])))
+        seconds.append(time.perf_counter() - t)
+        print(f"step {len(losses)}: loss {losses[-1]:.3f} in {seconds[-1]:.1f} s", file=sys.stderr)
+    return {
+        "peak": _status("VmHWM"),
+        "losses": losses,
+        "seconds": seconds,
+        "compiles": inner.step._cache_size(),
+    }
 
 
 def _xla_plan(config_name: str, remat: str, batch: int, seq: int, scan: bool = False) -> dict:
@@ -109,11 +149,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--xla-only", action="store_true", help="XLA's plan of a step alone")
     parser.add_argument("--batch", type=int, default=4, help="XLA's plan: sequences a step")
     parser.add_argument("--seq", type=int, default=512, help="XLA's plan: tokens a sequence")
+    parser.add_argument(
+        "--run-step",
+        action="store_true",
+        help="also run --steps inner steps of the scanned model with remat (at least 2)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--step-child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         name, steps, donate = args.child
         print(json.dumps(_child(name, int(steps), donate == "1")))
+        return 0
+    if args.step_child:
+        name, steps, batch, seq = args.step_child
+        print(json.dumps(_step_child(name, int(steps), int(batch), int(seq))))
         return 0
     if args.tiny:
         args.config, args.steps, args.batch, args.seq = "tiny", 1, 2, 64
@@ -151,6 +201,27 @@ def main(argv: list[str] | None = None) -> int:
             f"this host {total / 1e9:.1f} GB)",
             flush=True,
         )
+    ran = None
+    if args.run_step:
+        steps_run = max(args.steps, 2)  # the second shows whether the step compiled again
+        out = subprocess.run(
+            [
+                *(sys.executable, __file__, "--step-child", args.config),
+                *(str(steps_run), str(args.batch), str(args.seq)),
+            ],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        ).stdout
+        ran = json.loads(out.strip().splitlines()[-1])
+        print(
+            f"{steps_run} steps ran, layers scanned, remat=full, batch {args.batch} x {args.seq}:"
+            f" losses {', '.join(f'{x:.3f}' for x in ran['losses'])}, "
+            f"{', '.join(f'{x:.1f}' for x in ran['seconds'])} s; peak resident memory "
+            f"{ran['peak'] / 1e9:.2f} GB (XLA's plan {steps['full_scan']:.2f} GB, "
+            f"this host {total / 1e9:.1f} GB); the step compiled {ran['compiles']} time(s)",
+            flush=True,
+        )
     if ratios:
         print(f"learner_memory_ratio_runtime: {ratios['runtime']:.3f} (goal: measured / plan ~ 1)")
         print(f"learner_memory_ratio_donate: {ratios['donate']:.3f} (goal: measured / plan ~ 1)")
@@ -160,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         f"learner_memory_xla_step_gb_remat_full_scan: {steps['full_scan']:.4f} "
         f"(goal: < {total / 1e9:.1f})"
     )
+    if ran is not None:
+        print(
+            f"learner_memory_step_peak_gb: {ran['peak'] / 1e9:.3f} "
+            f"(goal: < {total / 1e9:.1f}, this host; XLA's plan {steps['full_scan']:.2f})"
+        )
+        print(f"learner_memory_step_compiles: {ran['compiles']} (goal: 1)")
     return 0
 
 

@@ -136,7 +136,7 @@ def test_learner_mfu_tiny(tmp_path):
 
 def test_learner_memory_tiny(tmp_path):
     # The harness: the tiny model's bytes are lost in the allocator's, so no ratio is judged.
-    fig = run_benchmark("learner_memory", "--tiny", timeout=300, tmp_path=tmp_path)
+    fig = run_benchmark("learner_memory", "--tiny", "--run-step", timeout=300, tmp_path=tmp_path)
     expect(
         fig,
         [
@@ -145,9 +145,13 @@ def test_learner_memory_tiny(tmp_path):
             "learner_memory_xla_step_gb_remat_none",
             "learner_memory_xla_step_gb_remat_full",
             "learner_memory_xla_step_gb_remat_full_scan",
+            "learner_memory_step_peak_gb",
+            "learner_memory_step_compiles",
         ],
     )
     assert all(v > 0 for v in fig.values())
+    # Two steps from a fresh learner, one compiled program.
+    assert fig["learner_memory_step_compiles"] == 1
     # XLA's plan: recomputing every block keeps less than keeping every activation.
     assert (
         fig["learner_memory_xla_step_gb_remat_full"] < fig["learner_memory_xla_step_gb_remat_none"]

@@ -235,3 +235,18 @@ def test_a_scanned_learner_contributes_the_unrolled_learner_s_pseudo_gradient():
         assert np.max(np.abs(want)) > 0.5 * lr, path  # the round moved every tensor
         np.testing.assert_allclose(scanned[path], want, rtol=0, atol=2 * 2 * lr, err_msg=str(path))
         assert np.mean(np.abs(scanned[path] - want) > 1e-2 * lr) < 1e-3, path
+
+
+@pytest.mark.parametrize("mesh", [False, True], ids=["single-device", "mesh"])
+def test_the_inner_step_compiles_once_from_a_fresh_learner(mesh):
+    """The first step's inputs (fresh parameters and AdamW state) and every later step's
+    (the step's own outputs) are placed alike, so the step compiles once: an initialiser
+    whose outputs were uncommitted made the second step compile again (at 1B, a second
+    executable and a minute of compiling)."""
+    m = make_partition_mesh(jax.devices()[:1]) if mesh else None
+    config = get_config("tiny", num_layers=1)
+    learner = Learner(config, OPT, mesh=m, learner_id=0, donate=True)
+    learner.run_round(batches(3), num_steps=3)
+    learner.pull(learner.params_dict(), version=1)
+    learner.run_round(batches(2, seed=1), num_steps=2)
+    assert learner.inner.step._cache_size() == 1

@@ -95,6 +95,7 @@ def _step_child(config_name: str, steps: int, batch: int, seq: int) -> dict:
         print(f"step {len(losses)}: loss {losses[-1]:.3f} in {seconds[-1]:.1f} s", file=sys.stderr)
     return {
         "peak": _status("VmHWM"),
+        "params": sum(x.size for x in jax.tree.leaves(params)),
         "losses": losses,
         "seconds": seconds,
         "compiles": inner.step._cache_size(),
@@ -214,12 +215,17 @@ def main(argv: list[str] | None = None) -> int:
             text=True,
         ).stdout
         ran = json.loads(out.strip().splitlines()[-1])
+        from dipsjax.model.plan import learner_memory
+
+        parts = learner_memory(ran["params"], donate=True)
+        bare = (sum(parts.values()) - parts["reference"]) / 1e9  # a step outside a round
         print(
             f"{steps_run} steps ran, layers scanned, remat=full, batch {args.batch} x {args.seq}:"
             f" losses {', '.join(f'{x:.3f}' for x in ran['losses'])}, "
             f"{', '.join(f'{x:.1f}' for x in ran['seconds'])} s; peak resident memory "
-            f"{ran['peak'] / 1e9:.2f} GB (XLA's plan {steps['full_scan']:.2f} GB, "
-            f"this host {total / 1e9:.1f} GB); the step compiled {ran['compiles']} time(s)",
+            f"{ran['peak'] / 1e9:.2f} GB (XLA's plan {steps['full_scan']:.2f} GB, the memory "
+            f"model's {bare:.2f} GB without activations, this host {total / 1e9:.1f} GB); "
+            f"the step compiled {ran['compiles']} time(s)",
             flush=True,
         )
     if ratios:

@@ -219,6 +219,7 @@ class ContributorNode(LearnerNode):
         # sent now; a round the restart lost is not trained again (no chunks to retrain).
         # Its error feedback's residual, if any, is the process's own (in memory).
         self.base_flat = None
+        self.deltas.clear()  # rounds the rejoin dropped
         log.info("rejoined (last round %s: %s)", c.last_round, c.last_outcome)
         return []
 
@@ -234,14 +235,14 @@ class ContributorNode(LearnerNode):
         self.learner.version = version
         self.base = params
 
-    def _train_round(self) -> list[m.Command]:
+    def _train_round(self, seq: int) -> tuple:
         assert self.current is not None
         given = self.owner._offer(self.learner.version, self.current, self)
         if given is None:
-            return []  # the job stopped, or the user closed it, while the user trained
+            return ("nothing",)  # the job stopped, or the user closed it, while it trained
         ref = self.current if self.compute.reference != "server" else self.base_flat
         assert ref is not None
-        self.delta = outer.unflatten({p: ref[p] - given.flat[p] for p in self.paths})
+        delta = outer.unflatten({p: ref[p] - given.flat[p] for p in self.paths})
         self.current = given.flat  # where the next round goes on from, unless it pulls
         meta = m.PushMeta(
             tokens=int(given.tokens),
@@ -263,7 +264,7 @@ class ContributorNode(LearnerNode):
             rate = meta.tokens / given.seconds
             self.tb.add_scalar("learner/tokens_per_s", rate, side.tokens_done, walltime=wall)
         self.tb.flush()
-        return self.proto.on_trained(meta, self.now())
+        return ("trained", meta, delta)
 
     def stopping(self) -> bool:
         """Whether the node should stop waiting for the user: the job stopped, the user

@@ -5,9 +5,14 @@ object the simulator's learners run); this module only carries out its commands 
 calls, training rounds on the partition (:class:`~dipsjax.runtime.partition.Compute`),
 pushes and pulls on the data plane, orbax checkpoints -- and feeds back what came of them.
 The main thread owns the protocol; the watch stream, the heartbeats and (with ``overlap``)
-the background puller are threads that only put inputs on its queue.
+the background puller are threads that only put inputs on its queue. Everything that
+touches the partition's computations (training, taking a version, checkpoints) runs on one
+compute thread, in the order the protocol asks; a round trains there while the main thread
+goes on with the protocol (an overlapping learner's push, pull notices, the next round's
+chunk leases), and its result comes back as an input.
 
-A round: draw ``H`` batches (chunks leased from the leader), train, report
+A round: draw ``H`` batches (chunks leased from the leader; the next round's are leased
+while this one trains, and a restart's rejoin lists them among its leases), train, report
 ``PushRequested``, stream its tensors to the followers in the order of the leader's
 ``PushShards`` plan, report ``TransferDone``, wait for ``NotifyPull`` and pull the new
 version (Di-PS: a round's learners pull, the others keep training). A per-learner slowdown
@@ -69,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -272,7 +278,13 @@ class LearnerNode:
         self.moving = threading.Lock()
         self.notices: queue.Queue = queue.Queue()  # overlap: versions to pull, in the background
         self.latest: tuple[int, Any] | None = None  # overlap: the newest version pulled
-        self.delta: Any = None  # the trained round's pseudo-gradient, until pushed
+        # The trained rounds' (base version, pseudo-gradient), oldest first, until pushed.
+        self.deltas: collections.deque = collections.deque()
+        # The compute thread: rounds, takes and checkpoints, in the protocol's order; a
+        # round's result comes back as ("trained", seq, result), only the newest counts.
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"compute{j}")
+        self.train_seq = 0
+        self.ahead: collections.deque = collections.deque()  # pieces leased for later rounds
         self.base: Any = None
         self.stop = threading.Event()
         self.pulled = True  # the next push is the first since a pull
@@ -316,7 +328,27 @@ class LearnerNode:
         ]
 
     def next_chunk(self) -> tuple[int, int, int] | None:
-        return self.regrant.pop(0) if self.regrant else self.lease()
+        if self.regrant:
+            return self.regrant.pop(0)
+        return self.ahead.popleft() if self.ahead else self.lease()
+
+    def _lease_ahead(self) -> None:
+        """While a round trains: lease the next round's pieces (the leader counts them as
+        this learner's; a rejoin's ``SendModel`` lists them with the others), so that its
+        start does not wait for the control plane. A failure is left to the round start,
+        which leases what it lacks itself."""
+        if self.stream is None or self.terminating or self.proto.state is not State.TRAINING:
+            return
+        have = sum(end - start for _, start, end in self.ahead)
+        while have < self.spec.sim.inner_steps:
+            try:
+                piece = self.lease()
+            except (grpc.RpcError, ValueError):
+                return
+            if piece is None:
+                return
+            self.ahead.append(piece)
+            have += piece[2] - piece[1]
 
     def lease(self) -> tuple[int, int, int] | None:
         for a in self.control.call(m.ChunkRequested(0.0, self.j)):
@@ -384,10 +416,10 @@ class LearnerNode:
         if isinstance(c, m.Pull):
             return self._pull(c)
         if isinstance(c, m.Save):
-            self.save(c)
+            self._on_worker(self.save, c)
             return []
         if isinstance(c, m.Restore):
-            return self.restore(c)
+            return self._on_worker(self.restore, c)
         if isinstance(c, m.Settle):
             assert self.feedback is not None, "Settle without error feedback"
             self.feedback.settle(c.round_id, c.outcome)
@@ -412,7 +444,7 @@ class LearnerNode:
             # A Stop or an eviction that came while it trained ends the round here: the
             # leader that sent a Stop may be gone, and the call would wait for it in vain.
             self._drain()
-            if self.proto.state is not State.REQUESTING:
+            if not self.proto.asking():
                 return []
         if self.terminating:
             return []  # SIGTERM: no more calls (the control channel is being closed)
@@ -471,17 +503,49 @@ class LearnerNode:
                 return
             self.execute(self._input(item))
 
+    def _on_worker(self, fn: Any, *args: Any) -> Any:
+        """``fn(*args)`` on the compute thread, after what it has to do already (a round in
+        training finishes first), and its result."""
+        return self.worker.submit(fn, *args).result()
+
     def _train(self, c: m.Train) -> list[m.Command]:
-        if c.wait > 0:
-            time.sleep(c.wait)  # no chunk to lease now
-        self._drain()
-        if self.proto.state is not State.TRAINING or self.terminating:
-            return []  # what came meanwhile ended this round (a stop, an eviction, a rejoin)
-        latest = self.latest
-        if c.adopt and latest is not None and latest[0] > self.learner.version:
-            self.take(*latest)  # the newest version, at a round start
-            self.pulled = True
-        return self._train_round()
+        """Starts a round on the compute thread; its result comes back as an input."""
+        self.train_seq += 1
+        self.worker.submit(self._round, c, self.train_seq)
+        return []
+
+    def _round(self, c: m.Train, seq: int) -> None:
+        """The compute thread: one round (taking the newest version first, if asked)."""
+        try:
+            if c.wait > 0:
+                time.sleep(c.wait)  # no chunk to lease now
+            if self.terminating or self.stop.is_set() or seq != self.train_seq:
+                return
+            latest = self.latest
+            if c.adopt and latest is not None and latest[0] > self.learner.version:
+                self.take(*latest)  # the newest version, at a round start
+                self.pulled = True
+            result: tuple = self._train_round(seq)
+        except Exception as e:  # the main thread raises it (a bug: the process ends)
+            result = ("error", e)
+        self.inputs.put(("trained", seq, result))
+
+    def _trained(self, seq: int, result: tuple) -> list[m.Command]:
+        """A round's result, on the main thread: to the protocol, unless what came
+        meanwhile ended that round (a stop, an eviction, a rejoin)."""
+        if seq != self.train_seq or self.proto.state is not State.TRAINING:
+            return []
+        kind = result[0]
+        if kind == "error":
+            raise result[1]
+        if kind == "lease failed":
+            return self._call_failed(result[1], "ChunkRequested")
+        if kind == "nothing":
+            return []  # the user's loop gave nothing (a contributor that stopped)
+        meta, delta = result[1], result[2]
+        if meta is not None:
+            self.deltas.append((meta.base_version, delta))
+        return self.proto.on_trained(meta, self.now())
 
     def make_data(self) -> tuple[Any, BatchStream | None]:
         """The task's training data and the stream that leases it (a
@@ -490,29 +554,35 @@ class LearnerNode:
         source = load_task(self.spec.sim).source
         return source, BatchStream(source, source=self.next_chunk)
 
-    def _train_round(self) -> list[m.Command]:
-        """Trains one round from the version taken and reports it to the protocol (a
-        :class:`~dipsjax.runtime.contributor.Contributor`'s node has the user's loop do it)."""
+    def _train_round(self, seq: int) -> tuple:
+        """Trains one round from the version taken, on the compute thread: ``("trained",
+        meta, delta)`` (``meta`` ``None``: no chunk to lease now), or ``("lease failed",
+        error)`` (a :class:`~dipsjax.runtime.contributor.Contributor`'s node has the user's
+        loop do it). Once its batches are drawn, the main thread leases the next round's."""
         speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
         try:
             data = self.stream.take_round(self.spec.sim.inner_steps)
         except (grpc.RpcError, ValueError) as e:  # leasing a chunk failed
-            return self._call_failed(e, "ChunkRequested")
+            return ("lease failed", e)
         if not data.batches:
-            return self.proto.on_trained(None, self.now())
+            return ("trained", None, None)
+        self.inputs.put(("taken", seq))
         t0 = time.perf_counter()
-        contrib, self.delta = self.compute.call("round", data.batches, len(data.batches), self.base)
+        contrib, delta = self.compute.call("round", data.batches, len(data.batches), self.base)
         took = time.perf_counter() - t0
         time.sleep((speed - 1.0) * took)
         self._count(contrib.tokens, t0, took)
         meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
         self.pulled = False
         self._log_round(contrib, speed * took)
-        return self.proto.on_trained(meta, self.now())
+        return ("trained", meta, delta)
 
     def _push(self, plan: m.PushShards) -> list[m.Command]:
+        # The oldest round trained and not pushed is this plan's (one push at a time, in
+        # the order they were requested).
+        base, delta = self.deltas.popleft()
         try:
-            self.push(plan, self.delta)
+            self.push(plan, delta, base)
         except TRANSFER_ERRORS as e:
             log.warning("push of round %d failed (%s)", plan.round_id, e)
             kind = getattr(e, "kind", None)
@@ -538,7 +608,7 @@ class LearnerNode:
                 with contextlib.suppress(Exception):
                     self.find_follower(k)
         v, params = self.pull(c.version)
-        self.take(v, params, c.first)
+        self._on_worker(self.take, v, params, c.first)
         self.pulled = True
         log.log(logging.INFO if joining else logging.DEBUG, "pulled version %d", v)
         if joining:
@@ -557,6 +627,12 @@ class LearnerNode:
         if kind == "pulled":
             self.latest = (item[1], item[2])
             return self.proto.on_pulled(item[1], self.now(), background=True)
+        if kind == "trained":
+            return self._trained(item[1], item[2])
+        if kind == "taken":
+            if item[1] == self.train_seq:
+                self._lease_ahead()
+            return []
         raise TypeError(f"unknown input {kind!r}")
 
     def pull(self, version: int, clients: list | None = None) -> tuple[int, dict]:
@@ -591,12 +667,14 @@ class LearnerNode:
             return outer.flatten(jax.device_get(delta))
         return outer.flatten(jax.device_get(tree))
 
-    def push(self, plan: m.PushShards, delta: dict) -> None:
+    def push(self, plan: m.PushShards, delta: dict, base: int) -> None:
+        """Round ``plan.round_id``'s pseudo-gradient ``delta``, trained from version
+        ``base``, to the followers of the plan."""
         flat = self.encoded(plan.round_id, delta)
         by_follower: dict[int, list] = {}
         for tr in plan.transfers:  # in the plan's order
             by_follower.setdefault(tr.follower, []).append((tr.layer, flat[self.paths[tr.layer]]))
-        base, codec = self.learner.version, self.spec.sim.wire
+        codec = self.spec.sim.wire
         ticket = bytes.fromhex(plan.ticket)  # the leader's grant, checked by each follower
 
         def one(k: int) -> int:
@@ -746,6 +824,8 @@ class LearnerNode:
                 regrant=[list(sp) for sp in self.regrant],
             )
         self.base = None
+        self.ahead.clear()  # leased ahead: among the leases the leader listed, if it knows them
+        self.deltas.clear()  # rounds the rejoin dropped
         out = Path(self.spec.run_dir) / f"learner{self.j}"
         out.mkdir(parents=True, exist_ok=True)
         (out / "resumed.json").write_text(json.dumps(record))
@@ -951,8 +1031,9 @@ class LearnerNode:
                 self.execute(self._input(item))
         finally:
             self.phase("exited")
-            self.write_stats()
             self.stop.set()
+            self.worker.shutdown(wait=True, cancel_futures=True)  # the round in training ends
+            self.write_stats()
             self.tb.close()
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             for c in self.data + self.pull_data:

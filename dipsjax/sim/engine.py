@@ -53,18 +53,24 @@ class SimLearner:
     proto: LearnerProtocol
     alive: bool = True
     incarnation: int = 0
-    pending: Any = None  # the trained round's payload, until its Push takes it
+    # The trained rounds' payloads, oldest first, until their Push takes them (overlap: a
+    # round whose request waits for its plan, and the one held behind it).
+    pending: collections.deque = dataclasses.field(default_factory=collections.deque)
     outbox: Any = None  # the pushed round's payload, until its transfer lands
     latest: Any = None  # overlap: (version, params) of the newest pulled global model
-    training: Any = None  # (start, duration, tokens) of the round in progress, until pushed
+    # (start, duration, tokens) of each round trained or in training, until its push is
+    # requested (the leader books it then), oldest first.
+    training: collections.deque = dataclasses.field(default_factory=collections.deque)
     base: Any = None  # parameters of the version last taken (the server reference's base)
     pulled: bool = False  # the next round starts from a freshly taken version
     consumed: int = 0  # tokens of every batch drawn (learner-side count)
     lost: int = 0  # tokens of rounds a crash or leave destroyed before their push
     pushed_at: float | None = None
     feedback: Any = None  # error feedback (EXTENSION): the residual (outer.FeedbackState)
-    # error feedback: its pushes whose outcome is not known, by round (None: not yet pushed)
+    # error feedback: its pushes whose outcome is not known, by round, and the encoded
+    # rounds not pushed yet (oldest first), which get their round at their Push
     unsettled: dict = dataclasses.field(default_factory=dict)
+    unassigned: collections.deque = dataclasses.field(default_factory=collections.deque)
 
 
 def make_cluster(cfg: SimConfig, world: World, clock: Clock) -> LocalCluster:
@@ -135,14 +141,16 @@ class Engine:
                 if isinstance(c.event, m.PushRequested):
                     if self.stopped:
                         continue  # the run is over: the round stays unpushed (counted)
-                    sl.training, sl.pushed_at = None, t
+                    if sl.training:
+                        sl.training.popleft()  # booked: no longer the learner's to lose
+                    sl.pushed_at = t
                 self.cluster.feed(c.event)
             elif isinstance(c, m.Train):
                 self._train(sl, t, c)
             elif isinstance(c, m.Push):
-                sl.outbox, sl.pending = sl.pending, None
-                if None in sl.unsettled:  # error feedback: the push now has its round
-                    sl.unsettled[c.plan.round_id] = sl.unsettled.pop(None)
+                sl.outbox = sl.pending.popleft() if sl.pending else None
+                if sl.unassigned:  # error feedback: the push now has its round
+                    sl.unsettled[c.plan.round_id] = sl.unassigned.popleft()
                 inc = sl.incarnation
                 self.cluster.push_shards(
                     c.plan,
@@ -182,10 +190,10 @@ class Engine:
         sl.pulled = False
         delta = delta_to_send(self.reference, contrib, sl.learner, sl.base)
         if self.cfg.error_feedback:
-            sl.pending = self._feedback_payload(sl, delta, contrib.tokens)
+            sl.pending.append(self._feedback_payload(sl, delta, contrib.tokens))
         else:
-            sl.pending = wire(self.cfg.wire, delta, self.cfg.wire_topk)
-        sl.training = (t, dt, drawn)
+            sl.pending.append(wire(self.cfg.wire, delta, self.cfg.wire_topk))
+        sl.training.append((t, dt, drawn))
         self.phases["train"] += dt
         self.clock.at(t + dt, self._trained, sl, meta)
 
@@ -286,8 +294,12 @@ class Engine:
     def _feedback_payload(self, sl: SimLearner, delta: dict, tokens: int) -> dict:
         """What the followers receive with error feedback: ``decode(C(delta + decay e))``
         (:func:`dipsjax.outer.feedback_encode`); the push is settled by its outcome."""
-        if None in sl.unsettled:  # a trained round never pushed: it delivered nothing
-            self._settle(sl, None, outer.Outcome.LOST)
+        # A trained round never pushed (refused, or the run ended) delivered nothing; an
+        # overlapping learner's round whose request waits for its plan is not such a one.
+        while len(sl.unassigned) > int(sl.proto.requesting):
+            pending, tokens = sl.unassigned.popleft()
+            sl.feedback = _feedback_settle(sl.feedback, pending, outer.Outcome.LOST)
+            self.feedback_tokens[str(outer.Outcome.LOST)] += tokens
         if sl.feedback is None:
             sl.feedback = outer.feedback_init(delta)
         sl.feedback, _, pending = _feedback_encode(
@@ -297,7 +309,7 @@ class Engine:
             decay=self.cfg.feedback_decay,
             topk=self.cfg.wire_topk,
         )
-        sl.unsettled[None] = (pending, tokens)
+        sl.unassigned.append((pending, tokens))
         return pending.decoded
 
     def _settle(self, sl: SimLearner, round_id: int | None, outcome: str) -> None:
@@ -339,9 +351,10 @@ class Engine:
 
     def _down(self, sl: SimLearner) -> None:
         sl.alive = False
-        if sl.training is not None:
-            sl.lost += sl.training[2]
-        sl.pending = sl.outbox = sl.latest = sl.training = None
+        sl.lost += sum(tr[2] for tr in sl.training)
+        sl.outbox = sl.latest = None
+        sl.pending.clear()
+        sl.training.clear()
 
     def _fail(self, j: int) -> None:
         self._down(self.learners[j])
@@ -412,15 +425,13 @@ class Engine:
         clock.at(cfg.heartbeat_interval, self._heartbeats)
         clock.run(lambda: self.stopped)
         t = clock.now
-        alive = [sl for sl in self.learners if sl.alive and sl.training is not None]
-        done = sum(
-            tr[2] * min(max((t - tr[0]) / tr[1], 0.0), 1.0) for tr in (sl.training for sl in alive)
-        )
+        training = [tr for sl in self.learners if sl.alive for tr in sl.training]
+        done = sum(tr[2] * min(max((t - tr[0]) / tr[1], 0.0), 1.0) for tr in training)
         self.record(t)
         totals = self.leader.ledger.totals()
         tokens = TokenCount(
             consumed=sum(sl.consumed for sl in self.learners),
-            unpushed=sum(sl.training[2] for sl in alive),
+            unpushed=sum(tr[2] for tr in training),
             lost=sum(sl.lost for sl in self.learners),
             reported=totals["reported"],
             applied=totals["applied"],

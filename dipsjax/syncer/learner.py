@@ -23,10 +23,12 @@ One round (Di-PS sec. 5), as commands::
     NotifyPull(round, version)  -> Pull(version)          ... and so on, until
     Stop                        -> Exit(OK)
 
-With ``overlap`` (Decoupled DiLoCo's learners never wait), the push goes on beside the next
-round: ``PushShards -> Push(plan), Train(adopt=True)``; the round's ``NotifyPull`` pulls in
-the background (``Pull(background=True)``), adopted at the next round start; one push is
-in flight at a time (a round trained meanwhile is held until that pull).
+With ``overlap`` (Decoupled DiLoCo's learners never wait), the next round starts as soon
+as one is trained, and its push goes on beside it: ``on_trained -> Train(adopt=True),
+Send(PushRequested)``, then ``PushShards -> Push(plan)`` whenever the plan comes (a leader
+mid-round holds it until its next round opens); the round's ``NotifyPull`` pulls in the
+background (``Pull(background=True)``), adopted at the next round start; one push is in
+flight at a time, requested or pushed (a round trained meanwhile is held until that pull).
 
 Faults:
 
@@ -202,6 +204,7 @@ class LearnerProtocol:
         self.plan: PushShards | None = None
         self.notified: dict[int, int] = {}  # round -> version, pull notices not yet taken
         self.inflight: int | None = None  # overlap: the round whose result is not pulled
+        self.requesting = False  # overlap: a PushRequested sent, its plan not come yet
         self.held: PushMeta | None = None  # overlap: a trained round, its push held
         self.version = -1  # the version it holds (-1: none yet)
         self.pulls = 0  # models pulled by this incarnation
@@ -221,6 +224,7 @@ class LearnerProtocol:
     def _join(self, now: float, resume: bool) -> list[Command]:
         self.state, self.resume = State.JOINING, resume
         self.round_id = self.plan = self.inflight = self.held = None
+        self.requesting = False
         self.notified.clear()
         join = Join(now, self.learner, self.incarnation, resume, self.fingerprint)
         return [Send(join)]
@@ -240,8 +244,18 @@ class LearnerProtocol:
         return Save(kind, round_id, self.version, step)
 
     def _request(self, meta: PushMeta, now: float) -> list[Command]:
+        if self.overlap:
+            # The next round starts at once; the push waits for its plan beside it (the
+            # inner state has trained this round: it counts, and the next start is saved).
+            self.requesting = True
+            self.rounds += 1
+            return [*self._train(), Send(PushRequested(now, self.learner, meta))]
         self.state = State.REQUESTING
         return [Send(PushRequested(now, self.learner, meta))]
+
+    def asking(self) -> bool:
+        """A push request of this learner waits for its plan."""
+        return self.state is State.REQUESTING or (self.overlap and self.requesting)
 
     def _mine(self, action: Action) -> bool:
         if isinstance(action, NotifyPull):
@@ -305,7 +319,7 @@ class LearnerProtocol:
         return [Settle(r, outcome_of(r)) for r in todo]
 
     def _on_PushShards(self, a: PushShards, now: float) -> list[Command]:
-        if self.state is not State.REQUESTING:
+        if not self.asking():
             return []  # a plan for a push that is no longer in progress
         self.round_id, self.plan = a.round_id, a
         out = self._settle(lambda r: "lost")  # older pushes no word came for
@@ -314,9 +328,8 @@ class LearnerProtocol:
         if not self.overlap:
             self.state = State.PUSHING
             return [*out, Push(a)]
-        self.inflight = a.round_id  # the push goes on beside the next round
-        self.rounds += 1
-        return [*out, Push(a), *self._train()]
+        self.inflight, self.requesting = a.round_id, False  # beside the round in training
+        return [*out, Push(a)]
 
     def _on_NotifyPull(self, a: NotifyPull, now: float) -> list[Command]:
         said = a.outcome_of(self.learner)
@@ -340,7 +353,7 @@ class LearnerProtocol:
         if kind == RefuseKind.STOPPED:
             self.stopped = a.reason
             return self._exit(ExitCode.OK, f"the job stopped: {a.reason}")
-        if self.state not in (State.JOINING, State.REQUESTING):
+        if self.state is not State.JOINING and not self.asking():
             return []  # about a request no longer in progress
         if self.state is State.JOINING and kind in PUSH_REFUSALS:
             return []  # about a push the rejoin dropped (a restarted leader refused it)
@@ -348,7 +361,7 @@ class LearnerProtocol:
             return self._exit(ExitCode.EVICTED, f"not a member: {a.reason}")
         if kind == RefuseKind.PENDING:
             return []  # a retried request: the first copy's plan comes
-        if kind == RefuseKind.INACTIVE and self.state is State.REQUESTING:
+        if kind == RefuseKind.INACTIVE and self.asking():
             if not self.checkpoints:
                 return self._exit(ExitCode.EVICTED, f"must pull first: {a.reason}")
             return self._join(now, resume=True)
@@ -378,7 +391,7 @@ class LearnerProtocol:
                 f"learner {self.learner}: push meta of incarnation {meta.incarnation}, "
                 f"not {self.incarnation}"
             )
-        if self.overlap and self.inflight is not None:
+        if self.overlap and (self.inflight is not None or self.requesting):
             self.state, self.held = State.HOLDING, meta
             return []
         return self._request(meta, now)

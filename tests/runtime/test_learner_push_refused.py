@@ -2,6 +2,7 @@
 a follower refused as not finite (``refuse_nonfinite``) leaves at once, without asking the
 leader which followers are up (the link is fine; the push is not)."""
 
+import collections
 import types
 
 import pytest
@@ -23,14 +24,19 @@ def _node(error):
     plan = m.PushShards(0, J, (m.Transfer(0, 0, 0), m.Transfer(1, 1, 0)))
     assert proto.on_action(plan, 2.0) == [m.Push(plan)]
 
-    def push(plan, delta):
+    def push(plan, delta, base):
         raise error
 
     def followers_up():
         pytest.fail("the leader was asked which followers are up")
 
     node = types.SimpleNamespace(
-        j=J, proto=proto, delta={}, now=lambda: 9.0, push=push, _followers_up=followers_up
+        j=J,
+        proto=proto,
+        deltas=collections.deque([(0, {})]),
+        now=lambda: 9.0,
+        push=push,
+        _followers_up=followers_up,
     )
     return node, plan
 

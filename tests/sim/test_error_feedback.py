@@ -24,7 +24,10 @@ def _run(world=ToyWorld, **kw):
 
 
 def _in_flight(engine):
-    return sum(tokens for sl in engine.learners for _, tokens in sl.unsettled.values())
+    """Tokens of pushes not settled: sent with no word yet, or encoded and not pushed."""
+    return sum(
+        tokens for sl in engine.learners for _, tokens in [*sl.unsettled.values(), *sl.unassigned]
+    )
 
 
 def test_outcomes_match_the_leaders_books_and_the_residual_stays_finite():

@@ -282,19 +282,67 @@ def test_overlap_holds_one_push_in_flight():
     p.start(0.0)
     p.on_action(m.SendModel(J, 0), 0.5)
     assert p.on_pulled(0, 1.0) == [m.Send(m.PullDone(1.0, J, 0, -1)), m.Train(adopt=True)]
-    p.on_trained(meta(), 2.0)
-    # The push goes on beside the next round.
-    assert p.on_action(plan(0), 2.0) == [m.Push(plan(0)), m.Train(adopt=True)]
+    # The next round starts at once; the request waits for its plan beside it.
+    assert p.on_trained(meta(), 2.0) == [
+        m.Train(adopt=True),
+        m.Send(m.PushRequested(2.0, J, meta())),
+    ]
+    assert p.state is State.TRAINING and p.requesting and p.rounds == 1
+    assert p.on_action(plan(0), 2.2) == [m.Push(plan(0))]
+    assert not p.requesting
     assert p.on_pushed(0, 2.5) == [m.Send(m.TransferDone(2.5, J, 0, 0))]
     assert p.on_trained(meta(tokens=7), 3.0) == []  # held: round 0's result not pulled
     assert p.state is State.HOLDING
     assert p.on_action(m.NotifyPull(0, (J,), 1), 3.5) == [m.Pull(1, background=True)]
     assert p.on_pulled(1, 4.0, background=True) == [
         m.Send(m.PullDone(4.0, J, 1)),
+        m.Train(adopt=True),
         m.Send(m.PushRequested(4.0, J, meta(tokens=7))),
     ]
-    assert p.on_action(plan(1), 4.1) == [m.Push(plan(1)), m.Train(adopt=True)]
+    assert p.on_action(plan(1), 4.1) == [m.Push(plan(1))]
     assert p.rounds == 2
+
+
+def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan():
+    """A leader mid-round answers a request later: a round trained meanwhile is held (one
+    push in flight, requested or pushed), and goes when the first one's result is pulled."""
+    p = LearnerProtocol(J, overlap=True, checkpoints=True)
+    joined(p)
+    assert p.on_trained(meta(), 2.0) == [
+        m.Save("start", -1, 0, 2),  # the inner state has trained a round: its start
+        m.Train(adopt=True),
+        m.Send(m.PushRequested(2.0, J, meta())),
+    ]
+    assert p.on_trained(meta(tokens=9), 3.0) == []
+    assert p.state is State.HOLDING and p.held == meta(tokens=9) and p.rounds == 1
+    assert p.on_action(plan(4), 3.5) == [m.Push(plan(4))]  # the plan came meanwhile
+    assert p.on_pushed(4, 3.6) == [m.Send(m.TransferDone(3.6, J, 4, 0))]
+    assert p.on_action(m.NotifyPull(4, (J,), 1), 4.0) == [m.Pull(1, background=True)]
+    assert p.on_pulled(1, 4.5, background=True) == [
+        m.Send(m.PullDone(4.5, J, 1)),
+        m.Save("start", -1, 0, 4),
+        m.Train(adopt=True),
+        m.Send(m.PushRequested(4.5, J, meta(tokens=9))),
+    ]
+    assert p.rounds == 2 and p.requesting
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        (m.RefuseKind.PENDING, []),
+        (m.RefuseKind.INACTIVE, [m.Send(m.Join(2.5, J, 0, True, ""))]),
+        (m.RefuseKind.INVALID, [m.Exit(m.ExitCode.REFUSED, "refused (invalid): no")]),
+    ],
+)
+def test_overlap_a_refused_request_is_handled_while_the_next_round_trains(kind, expected):
+    p = LearnerProtocol(J, overlap=True, checkpoints=True)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    assert p.on_action(m.Refuse(J, "no", kind, 0), 2.5) == expected
+    if kind == m.RefuseKind.INACTIVE:  # rejoining: the round in training no longer counts
+        assert p.state is State.JOINING and not p.requesting
+        assert p.on_trained(meta(), 3.0) == []
 
 
 @pytest.mark.parametrize(
@@ -325,7 +373,7 @@ def test_error_feedback_settles_each_push_by_the_word_it_gets():
     p = LearnerProtocol(J, feedback=True, overlap=True)
     joined(p)
     p.on_trained(meta(), 2.0)
-    assert p.on_action(plan(0), 2.0) == [m.Push(plan(0)), m.Train(adopt=True)]
+    assert p.on_action(plan(0), 2.0) == [m.Push(plan(0))]
     notify = m.NotifyPull(0, (1, J), 1, ("applied", "stale"))
     assert p.on_action(notify, 3.0) == [m.Settle(0, "stale"), m.Pull(1, background=True)]
     assert p.on_action(notify, 3.1) == [m.Pull(1, background=True)]  # settled once

@@ -98,9 +98,11 @@ class Checkpoints:
         """Returns once every save started so far is on disk."""
         self.manager.wait_until_finished()
 
-    def steps(self) -> list[int]:
-        """Complete steps on disk, oldest first (waits for writes in flight)."""
-        self.manager.wait_until_finished()
+    def steps(self, wait: bool = True) -> list[int]:
+        """Complete steps on disk, oldest first, after the writes in flight (``wait=False``:
+        now, the steps being written included)."""
+        if wait:
+            self.manager.wait_until_finished()
         return sorted(self.manager.all_steps())
 
     def drop_after(self, step: int) -> None:

@@ -235,7 +235,12 @@ class LearnerNode:
             for old in (ckpt_dir, ckpt_dir.parent / "feedback"):
                 if old.exists():
                     shutil.rmtree(old)
-        self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
+        # Written by a thread of its own (the host copy is taken first, on the compute
+        # thread): a round start's checkpoint is not on the round's path; a pushed round's
+        # is waited for before its report (see ``save``).
+        self.ckpt = Checkpoints(ckpt_dir)
+        self.saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ckpt{j}")
+        self.saving: concurrent.futures.Future | None = None  # the newest checkpoint's write
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
             j,
@@ -389,6 +394,8 @@ class LearnerNode:
             except Exception as e:  # a follower is away past patience: the round goes on
                 log.warning("background pull failed (%s)", e)
                 continue
+            if not self.compute.partition.spread:  # on the device here, not at the adoption
+                params = jax.device_put(params)
             self.inputs.put(("pulled", v, params))
 
     # -- the protocol's commands ---------------------------------------------------------
@@ -543,9 +550,14 @@ class LearnerNode:
         if kind == "nothing":
             return []  # the user's loop gave nothing (a contributor that stopped)
         meta, delta = result[1], result[2]
-        if meta is not None:
-            self.deltas.append((meta.base_version, delta))
-        return self.proto.on_trained(meta, self.now())
+        if meta is None:
+            return self.proto.on_trained(None, self.now())
+        self.deltas.append((meta.base_version, delta))
+        # The next round starts first; then its log line and scalars, beside it.
+        self.execute(self.proto.on_trained(meta, self.now()))
+        if len(result) > 3:
+            self._log_round(*result[3])
+        return []
 
     def make_data(self) -> tuple[Any, BatchStream | None]:
         """The task's training data and the stream that leases it (a
@@ -574,8 +586,7 @@ class LearnerNode:
         self._count(contrib.tokens, t0, took)
         meta = push_meta(contrib, data, self.incarnation, speed * took, pulled=self.pulled)
         self.pulled = False
-        self._log_round(contrib, speed * took)
-        return ("trained", meta, delta)
+        return ("trained", meta, delta, (contrib, speed * took))
 
     def _push(self, plan: m.PushShards) -> list[m.Command]:
         # The oldest round trained and not pushed is this plan's (one push at a time, in
@@ -767,16 +778,33 @@ class LearnerNode:
             "position": self.stream.position.to_dict(),
             "tokens": self.trained["tokens"],
         }
-        state = self.compute.call("opt_state")  # on the host (gathered, if spread)
+        # On the host, copied now: the next round reuses the device buffers.
+        state = jax.tree.map(np.array, self.compute.call("opt_state"))  # (gathered, if spread)
         if self.feedback is not None:  # the residual first: a checkpoint has its residual
             self.feedback.save(self._feedback_path(c.step))
-        self.ckpt.save(c.step, state, meta)
+        if self.saving is not None and self.saving.done():
+            self.saving.result()  # the previous write failed: say so now
+        self.saving = self.saver.submit(self._write, c, state, meta)
+        if c.kind == "pushed":
+            # On disk before the leader hears of the push (the protocol's TransferDone
+            # comes next): a learner killed after its report resumes past this round.
+            self.saved_wait()
+
+    def _write(self, c: m.Save, state: Any, meta: dict) -> None:
+        """The checkpoint thread: writes what :meth:`save` took (orbax, in the background)."""
+        self.ckpt.save(c.step, state, meta, copy=False)
         if self.feedback is not None:
-            kept = set(self.ckpt.steps()) | {c.step}
+            kept = set(self.ckpt.steps(wait=False)) | {c.step}
             for f in self._feedback_path(0).parent.glob("*.npz"):
                 if f.stem.isdigit() and int(f.stem) not in kept:
                     f.unlink(missing_ok=True)
         log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
+
+    def saved_wait(self) -> None:
+        """Returns once every checkpoint started is on disk (raises if a write failed)."""
+        if self.saving is not None:
+            self.saving.result()
+        self.ckpt.wait()
 
     def _feedback_path(self, step: int) -> Path:
         return Path(self.spec.run_dir) / f"learner{self.j}" / "feedback" / f"{step}.npz"
@@ -787,6 +815,7 @@ class LearnerNode:
         With error feedback, a new process takes the checkpoint's residual and pushes in
         flight (a rejoin within the process keeps its own, newer), and returns the
         protocol's ``Settle`` s of those pushes."""
+        self.saved_wait()  # the writes in flight first: the choice counts them
         settles: list[m.Command] = []
         fb = self.feedback
         if fb is not None and fb.state is None and c.step is not None:
@@ -1035,6 +1064,12 @@ class LearnerNode:
             self.worker.shutdown(wait=True, cancel_futures=True)  # the round in training ends
             self.write_stats()
             self.tb.close()
+            self.saver.shutdown(wait=True)
+            try:
+                self.saved_wait()
+            except Exception as e:  # said, and the exit is not clean
+                log.error("checkpoint write failed: %s", e)
+                self.exit_code = self.exit_code or 1
             self.ckpt.close()  # writes in flight finish: the newest checkpoint is whole
             for c in self.data + self.pull_data:
                 c.close()

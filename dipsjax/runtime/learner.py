@@ -238,7 +238,8 @@ class LearnerNode:
         # Written by a thread of its own (the host copy is taken first, on the compute
         # thread): a round start's checkpoint is not on the round's path; a pushed round's
         # is waited for before its report (see ``save``).
-        self.ckpt = Checkpoints(ckpt_dir)
+        # Orbax writes synchronously in that thread (no threads of its own besides).
+        self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         self.saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ckpt{j}")
         self.saving: concurrent.futures.Future | None = None  # the newest checkpoint's write
         # The protocol: every decision of this learner's side (syncer/learner.py).

@@ -137,7 +137,9 @@ class State(enum.StrEnum):
     JOINING = "joining"  # Join sent, waiting for SendModel
     PULLING = "pulling"  # a Pull in progress (a join's first model, or a round's result)
     TRAINING = "training"  # a Train in progress
-    REQUESTING = "requesting"  # PushRequested sent, waiting for its PushShards
+    # PushRequested sent, waiting for its PushShards (an overlapping learner trains meanwhile:
+    # TRAINING, with ``requesting``)
+    REQUESTING = "requesting"
     PUSHING = "pushing"  # a Push in progress
     WAITING = "waiting"  # pushed, waiting for the round's NotifyPull
     HOLDING = "holding"  # overlap: trained, the push held until the one in flight is pulled

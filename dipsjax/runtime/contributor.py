@@ -269,7 +269,7 @@ class ContributorNode(LearnerNode):
     def stopping(self) -> bool:
         """Whether the node should stop waiting for the user: the job stopped, the user
         closed it."""
-        return self.job_stop is not None or self.terminating
+        return self.job_stop is not None or self.terminating or self.stop.is_set()
 
 
 class Contributor:

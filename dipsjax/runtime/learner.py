@@ -25,8 +25,11 @@ learner, batches, pseudo-gradient and wire codec), so a run's tape replays throu
 :func:`dipsjax.sim.replay.replay`.
 
 Checkpoints (orbax, ``RUN_DIR/learner{j}/ckpt``, the 3 newest kept): the inner AdamW state
-with the data position and counters, at every round start (``start``) and, when waiting,
-once its push is on the followers, before it is reported done (``pushed``). ``--resume``
+with the data position and counters, at every round start (``start``; ``requested`` when
+an overlapping learner's previous push still waits for its plan: restored only if the
+leader took that push) and, when waiting, once its push is on the followers, before it is
+reported done (``pushed``). The compute thread copies the state to the host; a thread of
+its own writes it, and a ``pushed`` one is on disk before the report. ``--resume``
 restarts from the checkpoint the protocol picks: the learner rejoins with the same
 incarnation, learns from the leader how its last push ended (if the restart lost it, it
 goes back to that round's start and trains it again), pulls the current version, and first
@@ -242,6 +245,7 @@ class LearnerNode:
         self.ckpt = Checkpoints(ckpt_dir, asynchronous=False)
         self.saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ckpt{j}")
         self.saving: concurrent.futures.Future | None = None  # the newest checkpoint's write
+        self.save_error: BaseException | None = None  # the first write that failed
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
             j,
@@ -328,12 +332,16 @@ class LearnerNode:
     def _saved(self) -> list[Checkpoint]:
         """The checkpoints on disk, for the protocol's choice of which to restore."""
         return [
-            Checkpoint(step, meta["kind"], meta["round_id"])
+            Checkpoint(step, meta["kind"], meta["round_id"], m.spans_of(meta.get("spans", ())))
             for step in self.ckpt.steps()
             for meta in [self.ckpt.meta(step)]
         ]
 
     def next_chunk(self) -> tuple[int, int, int] | None:
+        if self.proto.state is not State.TRAINING:
+            # A round that a rejoin (or a stop) ended while it drew its batches: a piece
+            # leased now would be missing from the rejoin's list, never trained again.
+            return None
         if self.regrant:
             return self.regrant.pop(0)
         return self.ahead.popleft() if self.ahead else self.lease()
@@ -395,8 +403,6 @@ class LearnerNode:
             except Exception as e:  # a follower is away past patience: the round goes on
                 log.warning("background pull failed (%s)", e)
                 continue
-            if not self.compute.partition.spread:  # on the device here, not at the adoption
-                params = jax.device_put(params)
             self.inputs.put(("pulled", v, params))
 
     # -- the protocol's commands ---------------------------------------------------------
@@ -534,16 +540,18 @@ class LearnerNode:
                 self.take(*latest)  # the newest version, at a round start
                 self.pulled = True
             result: tuple = self._train_round(seq)
-        except Exception as e:  # the main thread raises it (a bug: the process ends)
+        except BaseException as e:  # the main thread raises it (a bug: the process ends)
             result = ("error", e)
         self.inputs.put(("trained", seq, result))
 
     def _trained(self, seq: int, result: tuple) -> list[m.Command]:
         """A round's result, on the main thread: to the protocol, unless what came
         meanwhile ended that round (a stop, an eviction, a rejoin)."""
-        if seq != self.train_seq or self.proto.state is not State.TRAINING:
-            return []
         kind = result[0]
+        if seq != self.train_seq or self.proto.state is not State.TRAINING:
+            if kind == "error":  # a round that no longer counts, but a failure all the same
+                log.error("a round ended meanwhile failed: %r", result[1])
+            return []
         if kind == "error":
             raise result[1]
         if kind == "lease failed":
@@ -778,13 +786,14 @@ class LearnerNode:
             "version": self.learner.version,
             "position": self.stream.position.to_dict(),
             "tokens": self.trained["tokens"],
+            "spans": [list(sp) for sp in c.spans],  # ``requested``: the push it waited on
         }
         # On the host, copied now: the next round reuses the device buffers.
         state = jax.tree.map(np.array, self.compute.call("opt_state"))  # (gathered, if spread)
         if self.feedback is not None:  # the residual first: a checkpoint has its residual
             self.feedback.save(self._feedback_path(c.step))
-        if self.saving is not None and self.saving.done():
-            self.saving.result()  # the previous write failed: say so now
+        if self.save_error is not None:
+            raise self.save_error  # an earlier write failed: say so now
         self.saving = self.saver.submit(self._write, c, state, meta)
         if c.kind == "pushed":
             # On disk before the leader hears of the push (the protocol's TransferDone
@@ -793,11 +802,16 @@ class LearnerNode:
 
     def _write(self, c: m.Save, state: Any, meta: dict) -> None:
         """The checkpoint thread: writes what :meth:`save` took (orbax, in the background)."""
-        self.ckpt.save(c.step, state, meta, copy=False)
+        try:
+            self.ckpt.save(c.step, state, meta, copy=False)
+        except BaseException as e:
+            self.save_error = self.save_error or e
+            raise
         if self.feedback is not None:
+            # Older residuals only: a newer one may be written already, its checkpoint next.
             kept = set(self.ckpt.steps(wait=False)) | {c.step}
             for f in self._feedback_path(0).parent.glob("*.npz"):
-                if f.stem.isdigit() and int(f.stem) not in kept:
+                if f.stem.isdigit() and int(f.stem) < c.step and int(f.stem) not in kept:
                     f.unlink(missing_ok=True)
         log.debug("checkpoint %d (%s, round %s) saved", c.step, c.kind, c.round_id)
 
@@ -805,6 +819,8 @@ class LearnerNode:
         """Returns once every checkpoint started is on disk (raises if a write failed)."""
         if self.saving is not None:
             self.saving.result()
+        if self.save_error is not None:
+            raise self.save_error
         self.ckpt.wait()
 
     def _feedback_path(self, step: int) -> Path:

@@ -297,9 +297,9 @@ class Engine:
         # A trained round never pushed (refused, or the run ended) delivered nothing; an
         # overlapping learner's round whose request waits for its plan is not such a one.
         while len(sl.unassigned) > int(sl.proto.requesting):
-            pending, tokens = sl.unassigned.popleft()
-            sl.feedback = _feedback_settle(sl.feedback, pending, outer.Outcome.LOST)
-            self.feedback_tokens[str(outer.Outcome.LOST)] += tokens
+            never, never_tokens = sl.unassigned.popleft()
+            sl.feedback = _feedback_settle(sl.feedback, never, outer.Outcome.LOST)
+            self.feedback_tokens[str(outer.Outcome.LOST)] += never_tokens
         if sl.feedback is None:
             sl.feedback = outer.feedback_init(delta)
         sl.feedback, _, pending = _feedback_encode(

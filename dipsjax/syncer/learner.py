@@ -105,10 +105,12 @@ from dipsjax.syncer.messages import (
     Send,
     SendModel,
     Settle,
+    Span,
     Stop,
     Train,
     TransferDone,
     Unused,
+    spans_of,
 )
 
 # Outcomes a push is settled by (``dipsjax.outer.Outcome``'s words, spelled here: the
@@ -149,12 +151,14 @@ class State(enum.StrEnum):
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """A learner checkpoint the driver holds: step ``2 * rounds`` at a round's start
-    (``start``), ``2 * rounds + 1`` once that round's push is on the followers
-    (``pushed``, of ``round_id``)."""
+    (``start``; ``requested`` when the push of the previous round's batches ``spans`` still
+    waited for its plan, with ``overlap``), ``2 * rounds + 1`` once that round's push is on
+    the followers (``pushed``, of ``round_id``)."""
 
     step: int
     kind: str
     round_id: int = -1
+    spans: tuple[Span, ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -201,7 +205,7 @@ class LearnerProtocol:
         self.state = State.IDLE
         self.resume = False  # the join in progress is a resume (same incarnation)
         self.stream = 0  # the control stream actions are taken from
-        self.rounds = 0  # rounds this learner's inner state has trained and pushed
+        self.rounds = 0  # rounds its inner state has trained and pushed (overlap: requested)
         self.round_id: int | None = None  # the round of the push in progress
         self.plan: PushShards | None = None
         self.notified: dict[int, int] = {}  # round -> version, pull notices not yet taken
@@ -231,19 +235,22 @@ class LearnerProtocol:
         join = Join(now, self.learner, self.incarnation, resume, self.fingerprint)
         return [Send(join)]
 
-    def _train(self) -> list[Command]:
-        """A round starts: checkpoint its start (once per round), then train it."""
+    def _train(self, requested: tuple[Span, ...] | None = None) -> list[Command]:
+        """A round starts: checkpoint its start (once per round; ``requested``: while the
+        push of those batches waits for its plan), then train it."""
         self.state = State.TRAINING
         out: list[Command] = []
         if self.checkpoints and self._started_round != self.rounds:
             self._started_round = self.rounds
-            out.append(self._save("start", -1, start_step(self.rounds)))
+            kind = "start" if requested is None else "requested"
+            out.append(self._save(kind, -1, start_step(self.rounds), requested or ()))
         return [*out, Train(adopt=self.overlap)]
 
-    def _save(self, kind: str, round_id: int, step: int) -> Save:
+    def _save(self, kind: str, round_id: int, step: int, spans: Iterable[Span] = ()) -> Save:
+        spans = tuple(spans)
         self.saved = [c for c in self.saved if c.step != step]
-        self.saved.append(Checkpoint(step, kind, round_id))
-        return Save(kind, round_id, self.version, step)
+        self.saved.append(Checkpoint(step, kind, round_id, spans))
+        return Save(kind, round_id, self.version, step, spans)
 
     def _request(self, meta: PushMeta, now: float) -> list[Command]:
         if self.overlap:
@@ -251,7 +258,7 @@ class LearnerProtocol:
             # inner state has trained this round: it counts, and the next start is saved).
             self.requesting = True
             self.rounds += 1
-            return [*self._train(), Send(PushRequested(now, self.learner, meta))]
+            return [*self._train(meta.spans), Send(PushRequested(now, self.learner, meta))]
         self.state = State.REQUESTING
         return [Send(PushRequested(now, self.learner, meta))]
 
@@ -455,7 +462,9 @@ class LearnerProtocol:
         if background:
             self.inflight = None
             out: list[Command] = [Send(PullDone(now, self.learner, version))]
-            if self.state is State.HOLDING:
+            if self.state is State.HOLDING and not self.requesting:
+                # (held behind a request still waiting for its plan: a second word of an
+                # older pull changes nothing)
                 held, self.held = self.held, None
                 assert held is not None
                 out += self._request(held, now)
@@ -497,13 +506,20 @@ class LearnerProtocol:
     def restore_step(self, send: SendModel) -> int | None:
         """The checkpoint a resumed learner restores (``None``: none, start afresh): the
         newest, unless it is the ``pushed`` checkpoint of the push the leader says was
-        ``lost`` (dropped by its restart, chunks left with the learner): then that round's
-        start, and the round is trained again."""
+        ``lost`` (dropped by its restart, chunks left with the learner), or a
+        ``requested`` one whose push the leader never took (its batches are still leased
+        to the learner: the request never came, or was dropped): then the checkpoint
+        before, and the round is trained again."""
         if not self.saved:
             return None
         newest = self.saved[-1]
         lost = send.last_outcome == "lost" and send.last_round == newest.round_id
-        if newest.kind == "pushed" and lost:
+        if newest.kind == "requested":
+            leased = spans_of(send.leases)
+            lost = any(
+                c == lc and s < le and ls < e for c, s, e in newest.spans for lc, ls, le in leased
+            )
+        if newest.kind in ("pushed", "requested") and lost:
             before = [c for c in self.saved if c.step < newest.step]
             return before[-1].step if before else None
         return newest.step

@@ -557,12 +557,15 @@ class Save(Command):
     ``Apply`` that made ``version`` of round ``round_id`` (``kind`` ``applied``: with the
     inputs, the journal a restart redoes the step from), both on disk before the next
     command; or its shard at ``version`` (``kind`` ``version``: started, not waited for,
-    after the step's report)."""
+    after the step's report). A learner's ``requested``: an overlapping learner's round start
+    while the push of the batches ``spans`` waits for its plan (restored only if the leader
+    took that push, see :meth:`~dipsjax.syncer.learner.LearnerProtocol.restore_step`)."""
 
     kind: str
     round_id: int = -1
     version: int = -1
     step: int = -1
+    spans: tuple[Span, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

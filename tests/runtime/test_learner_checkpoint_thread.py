@@ -25,6 +25,7 @@ def _node(tmp_path, state):
         ckpt=Checkpoints(tmp_path / "ckpt"),
         saver=concurrent.futures.ThreadPoolExecutor(1),
         saving=None,
+        save_error=None,
     )
     node._write = lambda *a: LearnerNode._write(node, *a)
     node.saved_wait = lambda: LearnerNode.saved_wait(node)
@@ -48,6 +49,7 @@ def test_a_pushed_checkpoint_is_on_disk_when_save_returns_and_holds_the_state_sa
         "version": 7,
         "position": {"c": 1},
         "tokens": 123,
+        "spans": [],
     }
     node.saver.shutdown()
 

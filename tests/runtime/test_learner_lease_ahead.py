@@ -66,3 +66,12 @@ def test_stops_when_no_chunk_is_left_or_a_lease_fails_and_only_while_training():
     node.stream = None  # a contributor's node: the user reads their own data
     LearnerNode._lease_ahead(node)
     assert not calls
+
+
+def test_a_round_a_rejoin_ended_leases_nothing_more():
+    """A round still drawing its batches when a rejoin began: a piece leased then would be
+    missing from the rejoin's list of leases, and never trained."""
+    node, calls = _node([(3, 0, 4)], state=State.JOINING)
+    node.ahead.append((5, 0, 4))
+    assert LearnerNode.next_chunk(node) is None
+    assert not calls and list(node.ahead) == [(5, 0, 4)]

@@ -309,7 +309,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
     p = LearnerProtocol(J, overlap=True, checkpoints=True)
     joined(p)
     assert p.on_trained(meta(), 2.0) == [
-        m.Save("start", -1, 0, 2),  # the inner state has trained a round: its start
+        m.Save("requested", -1, 0, 2),  # trained a round, its push waits for a plan
         m.Train(adopt=True),
         m.Send(m.PushRequested(2.0, J, meta())),
     ]
@@ -320,7 +320,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
     assert p.on_action(m.NotifyPull(4, (J,), 1), 4.0) == [m.Pull(1, background=True)]
     assert p.on_pulled(1, 4.5, background=True) == [
         m.Send(m.PullDone(4.5, J, 1)),
-        m.Save("start", -1, 0, 4),
+        m.Save("requested", -1, 0, 4),
         m.Train(adopt=True),
         m.Send(m.PushRequested(4.5, J, meta(tokens=9))),
     ]
@@ -414,3 +414,50 @@ def test_error_feedback_settles_each_push_by_the_word_it_gets():
     assert plain.on_action(plan(0), 2.0) == [m.Push(plan(0))]
     plain.on_pushed(0, 2.5)
     assert plain.on_action(m.NotifyPull(0, (J,), 1, ("applied",)), 3.0) == [m.Pull(1)]
+
+
+def test_overlap_a_second_word_of_an_older_pull_does_not_request_a_held_round_twice():
+    """Held behind a request still waiting for its plan (the older push pulled already), a
+    duplicate background pull must not send the held round's request a second time."""
+    p = LearnerProtocol(J, overlap=True)
+    joined(p)
+    p.on_trained(meta(), 2.0)
+    p.on_action(plan(0), 2.1)
+    p.on_pushed(0, 2.2)
+    p.on_trained(meta(tokens=5), 3.0)  # held: round 0's result not pulled
+    p.on_action(m.NotifyPull(0, (J,), 1), 3.1)
+    assert p.on_pulled(1, 3.2, background=True)[-1] == m.Send(
+        m.PushRequested(3.2, J, meta(tokens=5))
+    )
+    p.on_trained(meta(tokens=6), 4.0)  # held behind the request that waits for its plan
+    assert p.state is State.HOLDING and p.requesting and p.rounds == 2
+    assert p.on_pulled(1, 4.1, background=True) == [m.Send(m.PullDone(4.1, J, 1))]
+    assert p.state is State.HOLDING and p.held == meta(tokens=6) and p.rounds == 2
+
+
+@pytest.mark.parametrize(
+    ("leases", "restored"),
+    [
+        ((m.Span(9, 0, 8),), 2),  # its batches are not its own any more: the push was taken
+        ((m.Span(4, 6, 8), m.Span(9, 0, 8)), 0),  # still leased: the push never was
+        ((), 2),
+    ],
+)
+def test_overlap_restores_a_requested_checkpoint_only_if_the_leader_took_its_push(leases, restored):
+    """An overlapping learner checkpoints its next round's start while the push of the
+    round before waits for its plan; if the leader never took that push (the request was
+    dropped by a rejoin, or never arrived), its batches are still leased to the learner,
+    and the learner goes back to that round's start and trains them again."""
+    p = LearnerProtocol(J, overlap=True, checkpoints=True)
+    joined(p)
+    spans = (m.Span(4, 0, 8), m.Span(5, 0, 8))
+    trained = m.PushMeta(tokens=100, steps=2, base_version=0, spans=spans)
+    assert p.on_trained(trained, 2.0)[0] == m.Save("requested", -1, 0, 2, spans)
+    assert [(c.step, c.kind, c.spans) for c in p.saved] == [
+        (0, "start", ()),
+        (2, "requested", spans),
+    ]
+    p.on_leader_lost(2.5, stream=0)
+    send = m.SendModel(J, 1, leases, last_round=0, last_outcome="applied")
+    assert p.on_action(send, 3.0, stream=1)[0] == m.Restore(restored, leases, 1, 0, "applied")
+    assert p.rounds == restored // 2

@@ -32,6 +32,8 @@ SPEC_FIELDS = (
     "dataplane_first_frame_timeout",
     "dataplane_idle_timeout",
     "peer_rpc_cap",
+    "standby_leader",
+    "leader_lease",
 )
 TOP = {"name", "sim", "placement", "launch", *SPEC_FIELDS}
 

@@ -336,7 +336,8 @@ def role_jobs(
     follower: Requirements | None = None,
     leader: Requirements | None = None,
 ) -> JobGroup:
-    """Every role of ``spec``: the leader, ``len(spec.followers)`` followers and
+    """Every role of ``spec``: the leader (and its standby, ``spec.standby``: a job named
+    ``standby`` of role ``leader``), ``len(spec.followers)`` followers and
     ``spec.sim.learners`` learners, each with ``learner``'s requirements unless
     ``learners`` gives that partition its own (``{j: Requirements(...)}``).
 
@@ -359,6 +360,9 @@ def role_jobs(
                 f"({spec.sim.batch_size})"
             )
     jobs = [role_job("leader", 0, leader)]
+    if getattr(spec, "standby", ""):  # a standby leader: the same program on its own address
+        exe = Executable(MODULES["leader"])  # its start arguments: ``entry.start_args``
+        jobs.append(Job("standby", "leader", 1, exe, leader or Requirements()))
     jobs += [role_job("follower", k, follower) for k in range(len(spec.followers))]
     jobs += [role_job("learner", j, per.get(j, default)) for j in range(spec.sim.learners)]
     return JobGroup(tuple(jobs))

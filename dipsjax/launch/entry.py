@@ -70,15 +70,27 @@ def incarnation(run_dir: Path, learner: int, *, new: bool = False) -> int:
 
 
 def start_args(
-    role: str, index: int, run_dir: Path, *, restart: bool | None = None, move: bool = False
+    role: str,
+    index: int,
+    run_dir: Path,
+    *,
+    restart: bool | None = None,
+    move: bool = False,
+    standby: bool = False,
 ) -> list[str]:
     """A role's arguments after ``SPEC [INDEX]``, from what ``run_dir`` holds: the leader
     resumes from its snapshot and a follower from its newest checkpoint once they have one
     (``move``: a follower on a new port; a ``restart`` of the leader alone: ``--alone``,
     its peers are up); a learner starts as its recorded incarnation, or as a new one when
     this is a ``restart``. ``restart=None``: a cluster's start, counted in
-    ``RUN_DIR/starts/``, every one after the first a restart."""
+    ``RUN_DIR/starts/``, every one after the first a restart. With a ``standby`` leader in
+    the run, the ``standby`` role always stands by (``--standby``), and so does the leader
+    once the run has had one (a leader's restart: the standby may have taken over)."""
+    if role == "standby":  # follows the lease; resumes from the snapshot when it takes over
+        return ["--standby", "--listen-on", "standby"]
     if role == "leader":
+        if standby and (restart or (run_dir / "lease").is_dir()):
+            return ["--standby"]  # the standby may have taken over: this one stands by now
         if not (run_dir / "leader" / "snapshot.json").exists():
             return []
         return ["--resume", "--alone"] if restart else ["--resume"]
@@ -94,9 +106,9 @@ def start_args(
 def command(role: str, spec_path: str, index: int | None, count: bool = True) -> list[str]:
     from dipsjax.runtime.spec import RunSpec
 
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-    if index is None and role != "leader":
+    if role not in (*ROLES, "standby"):
+        raise ValueError(f"role must be one of {(*ROLES, 'standby')}, got {role!r}")
+    if index is None and role not in ("leader", "standby"):
         for var in ("DIPSJAX_INDEX", "JOBSET_JOB_INDEX"):
             if os.environ.get(var, "").isdigit():
                 index = int(os.environ[var])
@@ -104,17 +116,26 @@ def command(role: str, spec_path: str, index: int | None, count: bool = True) ->
         else:
             raise ValueError(f"{role}: no index (give INDEX, or set DIPSJAX_INDEX)")
     spec = RunSpec.read(spec_path)
+    if role == "standby" and not spec.standby:
+        raise ValueError(f"standby: {spec_path} names no standby leader (standby_leader: true)")
     limit = len(spec.followers) if role == "follower" else spec.sim.learners
-    if role != "leader" and not 0 <= index < limit:
+    if role not in ("leader", "standby") and not 0 <= index < limit:
         raise ValueError(f"{role} index {index} is out of range [0, {limit})")
-    args = [] if role == "leader" else [str(index)]
+    args = [] if role in ("leader", "standby") else [str(index)]
     from dipsjax.runtime.partition import process_index
 
     if role == "learner" and process_index() > 0:
         extra = []  # a spread partition's other process: it serves the first, no incarnation
     else:
-        extra = start_args(role, index or 0, Path(spec.run_dir), restart=None if count else False)
-    return [sys.executable, "-m", MODULES[role], spec_path, *args, *extra]
+        extra = start_args(
+            role,
+            index or 0,
+            Path(spec.run_dir),
+            restart=None if count else False,
+            standby=bool(spec.standby),
+        )
+    module = MODULES["leader" if role == "standby" else role]
+    return [sys.executable, "-m", module, spec_path, *args, *extra]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     permissions.private()  # files 0600, folders 0700 (0640/0750 with group access)
     parser = argparse.ArgumentParser(prog="python -m dipsjax.launch.entry", description=__doc__)
-    parser.add_argument("role", choices=ROLES)
+    parser.add_argument("role", choices=(*ROLES, "standby"))
     parser.add_argument("spec", help="the run's spec.json")
     parser.add_argument("index", nargs="?", type=int, default=None)
     parser.add_argument("--print", action="store_true", help="print the command, run nothing")

@@ -114,8 +114,14 @@ def _make_spec(
     if credentials is not None:
         # Names what is missing or readable by others now, before anything is written.
         load_credentials(credentials)
+    # ``standby_leader`` (the run config's switch) becomes the standby's address.
+    settings = dict(settings)
+    if settings.pop("standby_leader", False):
+        settings["standby"] = f"127.0.0.1:{free_port()}"
     # Checks the settings before anything is written (the run folder included).
-    probe = RunSpec(sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **settings)
+    probe = RunSpec(
+        sim, "", (), "", str(run_dir), (), 0, heartbeat_interval, **{**settings, "standby": ""}
+    )
     task = load_task(sim)
     # What a role would die of after the start, caught now: both outer optimizers set, one
     # that builds no chain, a task without validation batches (the evaluator's).
@@ -203,7 +209,8 @@ class Healer:
         role = name.rstrip("0123456789")
         index = int(name[len(role) :] or 0)
         move = role == "follower" and self.spec.move_followers
-        return start_args(role, index, self.run_dir, restart=restart, move=move)
+        standby = bool(self.spec.standby)
+        return start_args(role, index, self.run_dir, restart=restart, move=move, standby=standby)
 
     def job_stopped(self) -> bool:
         """Whether the leader has stopped the job (its snapshot says so; once it does, it
@@ -222,6 +229,10 @@ class Healer:
         for name, p in self.procs.procs.items():
             rc = p.poll()
             if rc is None or name in self.due or (rc == 0 and self.job_stopped()):
+                continue
+            if name in self.spec.no_restart:  # fault injection: its host is gone
+                continue
+            if name == "standby" and rc == 0 and self.job_stopped():
                 continue
             n = self.count.get(name, 0)
             if rc == REFUSED_EXIT:
@@ -282,6 +293,14 @@ class Healer:
             return None
         last = next((x for x in reversed(self.tail(name).splitlines()) if x.strip()), "")
         return rc, re.sub(logs.LINE, "", last).strip()  # without its time: the same error
+
+
+def leaders_done(procs: Local) -> bool:
+    """Whether the leader has ended (0), and with a standby, every leader process has
+    ended, one of them with 0 (the one that stopped the job; a killed one never did)."""
+    leaders = [p for n, p in procs.procs.items() if n in ("leader", "standby")]
+    codes = [p.poll() for p in leaders]
+    return None not in codes and 0 in codes
 
 
 def shard_files(run_dir: Path, name: str) -> list[Path]:
@@ -559,6 +578,8 @@ def _launch(
     healer = Healer(experiment, procs, t0)
     try:
         healer.start("leader", *leader_again)
+        if spec.standby:
+            healer.start("standby", *healer.args("standby"))
         for k in range(len(spec.followers)):
             healer.start(f"follower{k}", *follower_again)
         # Every learner starts now; one with a join time in the config (``joins``) compiles,
@@ -582,7 +603,7 @@ def _launch(
             if len(procs.procs) < 1 + len(spec.followers) + spec.sim.learners - len(outside):
                 start_learners()
             healer.check()  # restarts any role that exited while the job runs
-            if procs.procs["leader"].poll() == 0 and healer.job_stopped():
+            if leaders_done(procs) and healer.job_stopped():
                 break  # the leader ends (0) once the job stopped
             if timeout is not None and time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"the run did not reach its budget in {timeout:.0f} s")

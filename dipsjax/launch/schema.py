@@ -253,6 +253,8 @@ TOP: dict[str, Rule] = {
     "dataplane_first_frame_timeout": Real(0, 3600, open_lo=True),
     "dataplane_idle_timeout": Real(0, 86400, open_lo=True),
     "peer_rpc_cap": Int(0, MAX_CONNECTIONS),
+    "standby_leader": BOOL,
+    "leader_lease": Real(0, 3600, open_lo=True),
 }
 
 #: Rules between the run config's own fields: (field named, allowed (formatted with the

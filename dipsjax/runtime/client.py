@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+import grpc
 
 from dipsjax.runtime.spec import RunSpec
 from dipsjax.syncer import messages as m
 from dipsjax.transport import control_codec as codec
 from dipsjax.transport.proto import syncer_pb2, syncer_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 def keepalive_options(heartbeat_interval: float) -> list[tuple[str, int]]:
@@ -43,16 +49,49 @@ def reconnect_options(heartbeat_interval: float) -> list[tuple[str, int]]:
     ]
 
 
+def control_target(addresses: tuple[str, ...]) -> tuple[str, str | None]:
+    """``(target, TLS name)`` of a channel to the leader. One address: itself. Several (a
+    standby): one target naming them all (``ipv4:a:p,b:q``; names resolved here), so that
+    gRPC's ``pick_first`` connects to whichever leader listens, the first it can, and the
+    TLS name to check is the first address's host (the job's certificate names both)."""
+    import ipaddress
+    import socket
+
+    if len(addresses) == 1:
+        return addresses[0], None
+    parts, six = [], False
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        host = host.strip("[]")
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            ip = ipaddress.ip_address(socket.getaddrinfo(host, int(port))[0][4][0])
+        six = six or ip.version == 6
+        parts.append((ip, port))
+    if six:
+        return "ipv6:" + ",".join(f"[{ip}]:{p}" for ip, p in parts), addresses[0].rpartition(":")[
+            0
+        ].strip("[]")
+    return "ipv4:" + ",".join(f"{ip}:{p}" for ip, p in parts), addresses[0].rpartition(":")[0]
+
+
 def control_channel(spec: RunSpec) -> Any:
-    """A channel to the leader: TLS with the job's certificates (or plain), keepalives on."""
+    """A channel to the leader (or, with a standby, to whichever of the two listens): TLS
+    with the job's certificates (or plain), keepalives on."""
     import grpc
 
     options = keepalive_options(spec.heartbeat_interval) + reconnect_options(
         spec.heartbeat_interval
     )
+    target, name = control_target(spec.leaders)
+    if name is not None:
+        options.append(("grpc.default_authority", name))
     if spec.tls:
-        return grpc.secure_channel(spec.leader, spec.secrets.grpc_channel(), options=options)
-    return grpc.insecure_channel(spec.leader, options=options)
+        if name is not None:
+            options.append(("grpc.ssl_target_name_override", name))
+        return grpc.secure_channel(target, spec.secrets.grpc_channel(), options=options)
+    return grpc.insecure_channel(target, options=options)
 
 
 #: The gRPC metadata key that carries the job's token on every control call: the leader
@@ -68,10 +107,16 @@ class Delivery:
     """What a receiver has taken from its ``Watch`` streams: the leader's epoch and the
     newest number of it (one tuple, so that a heartbeat's thread reads a consistent pair).
     The leader numbers each action on a peer's stream and sends again, on the next stream,
-    what was not acknowledged; :meth:`take` says whether an action is new."""
+    what was not acknowledged; :meth:`take` says whether an action is new.
+
+    The epoch is also the leader's fencing token (:mod:`dipsjax.runtime.lease`): an action
+    or answer from an epoch older than the newest heard (:meth:`heard`) comes from a
+    deposed leader, and is refused and counted in :attr:`refused` (``old_epoch``)."""
 
     def __init__(self) -> None:
         self.state = (0, 0)  # (epoch, seen)
+        self.newest = 0  # the newest epoch heard, on a stream or in an answer
+        self.refused: Counter[str] = Counter()
 
     @property
     def epoch(self) -> int:
@@ -81,9 +126,33 @@ class Delivery:
     def seen(self) -> int:
         return self.state[1]
 
+    def heard(self, epoch: int) -> bool:
+        """Notes a leader's ``epoch`` (0: not said); False, counted, if it is older than
+        one heard before (a deposed leader's)."""
+        if epoch and epoch < self.newest:
+            self.refused["old_epoch"] += 1
+            log.warning(
+                "refused a message of leader epoch %d (epoch %d has taken over; %d refused)",
+                epoch,
+                self.newest,
+                self.refused["old_epoch"],
+            )
+            return False
+        self.newest = max(self.newest, epoch)
+        return True
+
+    def acked(self) -> tuple[int, int]:
+        """``(epoch, acked)`` for a request: the newest epoch heard (a leader deposed by a
+        newer one learns so from it), and what was taken of that epoch's stream."""
+        epoch, seen = self.state
+        return (self.newest, seen) if epoch == self.newest else (self.newest, 0)
+
     def take(self, env: syncer_pb2.Envelope) -> bool:
         """Whether ``env`` is new (and now taken): unnumbered, of another epoch (a
-        restarted leader numbers from 1 again), or numbered past what was taken."""
+        restarted leader numbers from 1 again), or numbered past what was taken. One of an
+        older epoch than heard is not (:meth:`heard`): raises :class:`StaleLeader`."""
+        if not self.heard(env.epoch):
+            raise StaleLeader(env.epoch, self.newest)
         if not env.seq:
             return True
         epoch, seen = self.state
@@ -93,6 +162,22 @@ class Delivery:
             return False
         self.state = (env.epoch, env.seq)
         return True
+
+
+class StaleLeader(grpc.RpcError):
+    """A message from a deposed leader (an epoch older than one heard): refused, and the
+    connection to that leader dropped; to its caller, the leader is away (as an
+    ``UNAVAILABLE`` call is)."""
+
+    def __init__(self, epoch: int, newest: int) -> None:
+        super().__init__(f"leader epoch {epoch} is older than {newest}: refused")
+        self.epoch, self.newest = epoch, newest
+
+    def code(self) -> Any:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return str(self)
 
 
 class ControlClient:
@@ -115,6 +200,7 @@ class ControlClient:
         self.peer = {"learner": learner} if learner is not None else {"follower": follower}
         self.channel = control_channel(spec)
         self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
+        self._swap = threading.Lock()
         self.metadata = ((TOKEN_KEY, spec.token),)
         self.incarnation = incarnation
         self.session = secrets.randbits(63) + 1
@@ -133,7 +219,7 @@ class ControlClient:
         """``event`` as the next numbered request of this session, with what the watch
         streams have taken (the leader then forgets it)."""
         env = codec.to_proto(event)
-        env.epoch, env.acked = self.delivery.state
+        env.epoch, env.acked = self.delivery.acked()
         env.incarnation, env.session = self.incarnation, self.session
         env.request = next(self.requests)
         return env
@@ -145,7 +231,15 @@ class ControlClient:
 
     def send(self, env: syncer_pb2.Envelope, timeout: float = 30.0) -> list[m.Action]:
         """Sends one request made by :meth:`envelope`."""
-        reply = self.stub.Call(env, timeout=timeout, wait_for_ready=True, metadata=self.metadata)
+        channel, stub = self.channel, self.stub
+        try:
+            reply = stub.Call(env, timeout=timeout, wait_for_ready=True, metadata=self.metadata)
+        except grpc.RpcError as e:
+            self._broken(channel, e.code())
+            raise
+        if not self.delivery.heard(reply.epoch):
+            self._broken(channel, grpc.StatusCode.UNAVAILABLE)
+            raise StaleLeader(reply.epoch, self.delivery.newest)
         if reply.error:
             raise ControlError(reply.error)
         self._last.refused = reply.refused
@@ -155,12 +249,35 @@ class ControlClient:
         """The actions the leader routes to this process, as they come, each once: a new
         stream starts after what the last one took, and what was sent into a stream that
         broke comes again (:class:`Delivery`)."""
-        epoch, seen = self.delivery.state
+        epoch, seen = self.delivery.acked()
         req = syncer_pb2.WatchRequest(incarnation=incarnation, acked=seen, epoch=epoch, **self.peer)
-        self.stream = self.stub.Watch(req, wait_for_ready=True, metadata=self.metadata)
-        for env in self.stream:
-            if self.delivery.take(env):
-                yield codec.from_proto(env)
+        channel, stub = self.channel, self.stub
+        self.stream = stub.Watch(req, wait_for_ready=True, metadata=self.metadata)
+        try:
+            for env in self.stream:
+                if self.delivery.take(env):
+                    yield codec.from_proto(env)
+        except grpc.RpcError as e:  # StaleLeader too
+            self._broken(channel, e.code())
+            raise
+
+    def _broken(self, channel: Any, code: Any) -> None:
+        """With a standby (several addresses), a call on ``channel`` that found the leader
+        away (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``: dead, paused or deposed) makes this
+        client start a new channel, which connects to whichever leader listens: an old
+        channel may keep a connection to a paused leader for a minute. Its open calls end
+        (``CANCELLED``); the caller's protocol rejoins as after any lost leader."""
+        if len(self.spec.leaders) == 1 or code not in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        ):
+            return
+        with self._swap:
+            if self.channel is not channel:
+                return  # another thread started a new one already
+            self.channel = control_channel(self.spec)
+            self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
+        channel.close()
 
     def cut(self) -> None:
         """Ends the open watch stream (its reader gets an ``RpcError``: CANCELLED)."""
@@ -173,11 +290,10 @@ class ControlClient:
         ``Status`` only reads, so a call that meets a connection broken a moment before
         (UNAVAILABLE: a leader restarted while this channel still held its old connection)
         is tried again, each 0.2 s, until ``timeout``."""
-        import grpc
-
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
+            channel = self.channel
             try:
                 reply = self.stub.Status(
                     syncer_pb2.StatusRequest(),
@@ -187,6 +303,7 @@ class ControlClient:
                 )
                 return json.loads(reply.json)
             except grpc.RpcError as e:
+                self._broken(channel, e.code())
                 if e.code() != grpc.StatusCode.UNAVAILABLE or left <= 0.2:
                     raise
             time.sleep(0.2)

@@ -45,7 +45,6 @@ import hmac
 import json
 import logging
 import os
-import secrets
 import signal
 import sys
 import time
@@ -57,10 +56,10 @@ from typing import Any
 import grpc
 
 from dipsjax.data.ledger import new_ledger
-from dipsjax.runtime import logs, permissions
+from dipsjax.runtime import lease, logs, permissions
 from dipsjax.runtime.client import TOKEN_KEY, keepalive_options
 from dipsjax.runtime.credentials import push_ticket
-from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json
+from dipsjax.runtime.spec import RunSpec, write_cpu_seconds, write_json_at
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
 from dipsjax.syncer.leader import Leader, Phase
@@ -72,6 +71,9 @@ from dipsjax.transport.refusals import RefusalLog
 log = logging.getLogger("dipsjax.runtime.leader")  # not __name__: "__main__" when run
 
 MAX_REQUEST_BYTES = 1 << 20
+#: Exit code of a leader deposed by a newer epoch (EX_TEMPFAIL: with a standby, the
+#: launcher starts it again as the new standby).
+DEPOSED = 75
 #: A connection must finish its TLS and HTTP/2 handshakes within this (gRPC's default,
 #: 120 s, let half-open handshakes hold descriptors for minutes).
 HANDSHAKE_TIMEOUT_MS = 5000
@@ -190,8 +192,16 @@ class RequestLog:
 class LeaderNode:
     """The leader's state, its routing and persistence (used by the gRPC service)."""
 
-    def __init__(self, spec: RunSpec, leader: Leader | None = None) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        leader: Leader | None = None,
+        *,
+        epoch: int | None = None,
+        address: str | None = None,
+    ) -> None:
         self.spec = spec
+        self.address = address or spec.leader
         resumed = leader is not None
         if leader is None:
             method = methods.build(
@@ -219,8 +229,16 @@ class LeaderNode:
         self.queues: dict[tuple[str, int], asyncio.Queue] = {}
         # Delivery (see ``_route``): this process's epoch, each peer's next number and what
         # it was sent and has not acknowledged, oldest first, each with the incarnation the
-        # leader counted for that learner when it was routed (-1 for followers).
-        self.epoch = secrets.randbits(62) + 1
+        # leader counted for that learner when it was routed (-1 for followers). The epoch
+        # is also this leader's fencing token, claimed in RUN_DIR/lease (a standby that
+        # took over claimed it before it restored: ``epoch``).
+        role = "standby" if self.address != spec.leader else "leader"
+        holder = lease.holder_name(role)
+        if epoch is None:
+            epoch = lease.claim_next(spec.run_dir, holder)
+        self.epoch = epoch
+        self.lease = lease.Lease(spec.run_dir, epoch, holder, self.address)
+        self.deposed = False
         self.numbered: Counter[tuple[str, int]] = Counter()
         self.outbox: dict[tuple[str, int], list] = defaultdict(list)
         self.routed_to: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -230,7 +248,12 @@ class LeaderNode:
         if resumed and status.exists():  # resumed: the clock goes on
             self.t0 -= float(json.loads(status.read_text())["t"])
         (self.dir / "leader").mkdir(parents=True, exist_ok=True)
+        # Its folder and tape are written through descriptors opened now: after a takeover
+        # (``lease.takeover`` moves the folder and copies the tape), what this process still
+        # writes lands in its own, never in the new leader's files.
+        self.dir_fd = os.open(self.dir / "leader", os.O_RDONLY | os.O_DIRECTORY)
         self.tape_path = self.dir / "tape.jsonl"
+        self.tape_file = self.tape_path.open("a")
         self.taped = len(self.leader.tape.records)
         self.stopped = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -279,11 +302,16 @@ class LeaderNode:
         know it sent (an ``Apply`` above all: followers apply it). A leader that cannot
         persist ends at once, non-zero, with nothing of this event sent; the launcher
         restarts it from the last snapshot it wrote."""
+        if self.deposed:
+            return []
         try:
             self._persist()
         except Exception as e:
             log.error("cannot persist its state, ending: %r", e)
             os._exit(70)  # EX_SOFTWARE; from a gRPC handler thread, sys.exit would not do
+        if self.lease.deposed():  # after the write: a standby that read it has it
+            self.depose("a newer epoch was claimed")
+            return []
         replies = []
         for a in actions:
             if isinstance(a, m.WakeAt):
@@ -299,8 +327,23 @@ class LeaderNode:
         return replies
 
     def _tick(self) -> None:
-        if not self.leader.stopped:
+        if not self.leader.stopped and not self.deposed:
             self.handle(m.Tick(0.0))
+
+    def depose(self, why: str) -> None:
+        """This leader has lost its lease to a newer epoch: it decides nothing more (no
+        action leaves, no state is written), refuses every call, and ends."""
+        if self.deposed:
+            return
+        self.deposed = True
+        self.refused["deposed"] += 1
+        log.error(
+            "deposed (%s): epoch %d of %d; deciding nothing more",
+            why,
+            self.epoch,
+            lease.newest_epoch(self.spec.run_dir),
+        )
+        self.stopped.set()
 
     def _route(self, who: tuple[str, int], action: m.Action) -> None:
         """Numbers ``action`` on each recipient's stream and keeps it in that recipient's
@@ -406,14 +449,14 @@ class LeaderNode:
         # process killed in between leaves a tape longer than that, cut back on restore.
         records = self.leader.tape.records[self.taped :]
         if records:
-            with self.tape_path.open("a") as f:
-                f.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            self.tape_file.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
+            self.tape_file.flush()
             self.taped += len(records)
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
         state["transport_refused"] = dict(self.refused)
         state["requests"] = self.requests.to_json()
-        write_json(self.dir / "leader" / "snapshot.json", state, allow_nan=False)
+        write_json_at(self.dir_fd, "snapshot.json", state, allow_nan=False)
         for r in records:
             if self.began is None and r["kind"] == "membership" and r["event"] == "active":
                 self.began = r["t"]
@@ -427,7 +470,7 @@ class LeaderNode:
                     "participants": len(r["participants"]),
                     "phases": phase_seconds(r["timings"], r["grace"]),
                 }
-        write_json(self.dir / "leader" / "status.json", self.status())
+        write_json_at(self.dir_fd, "status.json", self.status())
 
     def status(self) -> dict:
         """What ``dipsjax run`` shows while training and ``dipsjax status`` reads."""
@@ -491,6 +534,12 @@ class LeaderNode:
             "budget_tokens": ld.budget_tokens(),
             "budget_reached": ld.budget_reached(),
             "refused": dict(sorted((ld.refused + self.refused).items())),
+            "leader": {
+                "epoch": self.epoch,
+                "address": self.address,
+                "holder": self.lease.holder,
+                "standby": self.spec.standby or None,
+            },
         }
 
     def _log_record(self, r: dict) -> None:
@@ -715,9 +764,13 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
         self.node = node
         self.log = log  # refused watches: a line per kind per interval, not per request
 
+    def _replies(self, **fields: Any) -> syncer_pb2.Replies:
+        """An answer, stamped with this leader's epoch (callers refuse an older one's)."""
+        return syncer_pb2.Replies(epoch=self.node.epoch, **fields)
+
     def _malformed(self, error: str) -> syncer_pb2.Replies:
         self.node.refused["malformed"] += 1
-        return syncer_pb2.Replies(error=error)
+        return self._replies(error=error)
 
     async def _parse(self, cls: type, data: bytes, context) -> Any:
         """``data`` as a ``cls`` request, or the call ends ``INVALID_ARGUMENT`` (counted)."""
@@ -734,7 +787,7 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
 
     def _refused(self, kind: str, reason: str) -> syncer_pb2.Replies:
         self.node.refused[kind] += 1
-        return syncer_pb2.Replies(refused=f"{kind}: {reason}")
+        return self._replies(refused=f"{kind}: {reason}")
 
     async def Call(self, request, context):
         try:  # raw bytes (see ``add_service``): what does not parse is answered and counted
@@ -745,10 +798,24 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
         if not isinstance(event, m.Event):
             return self._malformed(f"{type(event).__name__} is not an event")
         node = self.node
+        if envelope.epoch > node.epoch and not node.deposed:
+            # The caller has heard a newer leader: if that epoch was claimed, this one is
+            # deposed; if not, the number is made up (refused, counted).
+            if node.lease.deposed():
+                node.depose(f"a caller has heard epoch {envelope.epoch}")
+            else:
+                return self._refused(
+                    "unknown_epoch",
+                    f"epoch {envelope.epoch} was never claimed (this leader's: {node.epoch})",
+                )
+        if node.deposed:
+            return self._refused(
+                "deposed", f"epoch {node.epoch} has lost its lease to a newer leader"
+            )
         bad = node.leader.screen(event)
         if bad is not None:
             node.leader.handle(event)  # the core counts it; nothing else changes
-            return syncer_pb2.Replies(refused=f"{bad.kind}: {bad.reason}")
+            return self._replies(refused=f"{bad.kind}: {bad.reason}")
         who = sender(event)
         if who is not None:
             if not envelope.session or not envelope.request:
@@ -786,7 +853,7 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             replies = node.handle(event)
         except (ValueError, TypeError) as e:
             return self._malformed(str(e))
-        reply = syncer_pb2.Replies(actions=[codec.to_proto(a) for a in replies])
+        reply = self._replies(actions=[codec.to_proto(a) for a in replies])
         if who is not None:
             node.requests.answered(who, envelope.session, envelope.request, reply)
         return reply
@@ -803,6 +870,13 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "watch: name a learner or follower"
             )
         who = (kind, getattr(request, kind))
+        if request.epoch > self.node.epoch and self.node.lease.deposed():
+            self.node.depose(f"a watcher has heard epoch {request.epoch}")
+        if self.node.deposed:
+            self.node.refused["deposed"] += 1
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, f"deposed: epoch {self.node.epoch} lost its lease"
+            )
         incarnation = request.incarnation if kind == "learner" else -1
         refusal = self.node.screen_watch(who, incarnation)
         if refusal is not None:  # refused before it touches the peer's queue or outbox
@@ -872,7 +946,7 @@ def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
 def restored(spec: RunSpec) -> Leader:
     """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
     run_dir = Path(spec.run_dir)
-    snap = run_dir / "leader" / "snapshot.json"
+    snap = lease.snapshot_dir(run_dir) / "snapshot.json"
     if not snap.exists():
         raise FileNotFoundError(f"--resume: no leader snapshot at {snap}")
     tape_path = run_dir / "tape.jsonl"
@@ -891,11 +965,63 @@ def restored(spec: RunSpec) -> Leader:
     return Leader.restore(state, tape=tape)
 
 
+async def stand_by(spec: RunSpec, address: str) -> int | None:
+    """A standby: follows the active leader's lease until it lapses, then claims the next
+    epoch and returns it (None: the job stopped, or SIGTERM, first). The snapshot and tape
+    are read only at the takeover: they are small, and the run folder always holds the
+    newest (each written before any action leaves)."""
+    run_dir = Path(spec.run_dir)
+    follow = lease.Follow(run_dir, spec.leader_lease)
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, done.set)
+    log.info(
+        "standby for %s on %s: takes over once the lease is %.1f s without renewal",
+        spec.run_dir,
+        address,
+        spec.leader_lease,
+    )
+    poll = min(0.1, spec.leader_lease / 10)
+    try:
+        while not done.is_set():
+            state = follow.poll()
+            if state == "stopped":
+                log.info("the job has stopped: the standby ends")
+                return None
+            newest = follow.seen[0] if follow.seen else 0
+            lapsed = state == "lapsed" and newest >= 1
+            if lapsed and lease.claim(run_dir, newest + 1, lease.holder_name("standby")):
+                log.warning(
+                    "the lease of epoch %d lapsed (%.1f s without renewal): taking over "
+                    "as epoch %d",
+                    newest,
+                    follow.age(),
+                    newest + 1,
+                )
+                return newest + 1
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), poll)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return None
+
+
 async def serve(
-    spec: RunSpec, resume: bool = False, reopen: bool = False, alone: bool = False
-) -> None:
-    node = LeaderNode(spec, restored(spec) if resume else None)
+    spec: RunSpec,
+    resume: bool = False,
+    reopen: bool = False,
+    alone: bool = False,
+    *,
+    address: str | None = None,
+    epoch: int | None = None,
+) -> int:
+    address = address or spec.leader
+    node = LeaderNode(spec, restored(spec) if resume else None, epoch=epoch, address=address)
     node.loop = asyncio.get_running_loop()
+    if spec.standby:
+        node.lease.renew()  # before it listens: a standby sees the lease held at once
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
     refusals = RefusalLog(REFUSAL_LOG_INTERVAL, emit=log.warning, prefix="")
@@ -905,7 +1031,7 @@ async def serve(
         interceptors=[TokenCheck(spec.token, node.refused), caps],  # the token first
     )
     add_service(SyncerService(node, refusals), server)
-    host, _, port = spec.leader.rpartition(":")
+    host, _, port = address.rpartition(":")
     host = spec.bind or host
     if spec.tls:
         server.add_secure_port(f"{host}:{port}", spec.secrets.grpc_server())
@@ -923,6 +1049,8 @@ async def serve(
         spec.sim.token_budget,
         f"; resumed at version {node.leader.version}" if resume else "",
     )
+    standby = f"; standby at {spec.standby}" if spec.standby else ""
+    log.info("leader epoch %d%s", node.epoch, standby)
     for sig in (signal.SIGTERM, signal.SIGINT):
         node.loop.add_signal_handler(sig, node.stopped.set)
 
@@ -930,6 +1058,15 @@ async def serve(
         while not node.stopped.is_set():
             await asyncio.sleep(1.0)
             node._tick()
+
+    async def renewals() -> None:
+        """With a standby: the lease renewed 4 times a lease period (or the leader finds
+        itself deposed and ends)."""
+        while not node.stopped.is_set():
+            if not node.lease.renew(stopped=node.leader.stopped):
+                node.depose("a newer epoch was claimed")
+                return
+            await asyncio.sleep(spec.leader_lease / 4)
 
     linger = 1.0  # let the watch streams deliver Stop
     if node.leader.stopped:
@@ -939,8 +1076,13 @@ async def serve(
         linger = max(2.0, 3 * spec.heartbeat_interval)
         node.stopped.set()
     ticker = asyncio.create_task(ticks())
+    renewer = asyncio.create_task(renewals()) if spec.standby else None
     await node.stopped.wait()
-    if node.leader.stopped:
+    if node.deposed:
+        # It decides nothing now; for a moment it still answers, each call refused as
+        # deposed with its epoch (a peer that still calls it learns so at once), then ends.
+        linger = 2.0
+    if node.leader.stopped and not node.deposed:
         log.info(
             "the job stopped (%s) at version %d; %d tokens applied",
             node.leader.stop_reason,
@@ -950,17 +1092,36 @@ async def serve(
     else:
         log.info("stopping (signal) at version %d", node.leader.version)
     await asyncio.sleep(linger)
-    ticker.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await ticker
+    for task in (ticker, renewer):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if spec.standby and node.leader.stopped and not node.deposed:
+        node.lease.renew(stopped=True)  # the standby ends, not takes over
     await server.stop(grace=2.0)
-    write_cpu_seconds(Path(spec.run_dir) / "leader" / "cpu.json")
+    if not node.deposed:
+        write_cpu_seconds(Path(spec.run_dir) / "leader" / "cpu.json")
     log.info("stopped")
+    return DEPOSED if node.deposed else 0
+
+
+async def run_standby(spec: RunSpec, address: str) -> int:
+    """``--standby``: waits for the lease to lapse (:func:`stand_by`), takes the run folder
+    over (:func:`lease.takeover`) and serves on ``address``, resumed from the snapshot and
+    tape, its peers up (``alone``)."""
+    epoch = await stand_by(spec, address)
+    if epoch is None:
+        return 0
+    t0 = time.monotonic()
+    lease.takeover(spec.run_dir, epoch)
+    resume = (lease.snapshot_dir(spec.run_dir) / "snapshot.json").exists()
+    log.info("took the run folder over in %.3f s", time.monotonic() - t0)
+    return await serve(spec, resume, alone=resume, address=address, epoch=epoch)
 
 
 def main(argv: list[str] | None = None) -> int:
     permissions.private()  # what this process writes is its owner's alone
-    logs.setup("leader")
     parser = argparse.ArgumentParser(prog="dipsjax-leader", description=__doc__)
     parser.add_argument("spec", help="RUN_DIR/spec.json written by the launcher")
     parser.add_argument("--resume", action="store_true", help="restart from its snapshot")
@@ -976,11 +1137,31 @@ def main(argv: list[str] | None = None) -> int:
         help="with --resume: only the leader restarted (its learners and followers are up), "
         "so heartbeats count again after two intervals, not the whole-run rejoin grace",
     )
+    parser.add_argument(
+        "--standby",
+        action="store_true",
+        help="a standby leader (the run's spec names one): follow the active leader's lease "
+        "and take over, resumed from its snapshot and tape, once it lapses",
+    )
+    parser.add_argument(
+        "--listen-on",
+        choices=("leader", "standby"),
+        default="leader",
+        help="which of the spec's two addresses this process serves on (default: leader)",
+    )
     args = parser.parse_args(argv)
+    logs.setup("standby" if args.listen_on == "standby" else "leader")
     if (args.reopen or args.alone) and not args.resume:
         parser.error("--reopen and --alone need --resume")
-    asyncio.run(serve(RunSpec.read(args.spec), args.resume, args.reopen, args.alone))
-    return 0
+    spec = RunSpec.read(args.spec)
+    if (args.standby or args.listen_on == "standby") and not spec.standby:
+        parser.error("--standby, --listen-on standby: the run's spec names no standby leader")
+    address = spec.standby if args.listen_on == "standby" else spec.leader
+    if args.standby:
+        if args.resume:
+            parser.error("--standby resumes by itself when it takes over: no --resume")
+        return asyncio.run(run_standby(spec, address))
+    return asyncio.run(serve(spec, args.resume, args.reopen, args.alone, address=address))
 
 
 if __name__ == "__main__":

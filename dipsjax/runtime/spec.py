@@ -97,6 +97,14 @@ class RunSpec:
         before it is closed (``idle``). The four are
         :class:`~dipsjax.transport.dataplane.DataPlaneServer`'s limits
         (:meth:`dataplane_limits`), set from the run config's fields of the same names.
+      standby: ``host:port`` of a standby leader (empty: none, the default). It follows the
+        active leader's lease, snapshots and tape in the run folder and takes over, on this
+        address, once the lease lapses; learners and followers try both addresses
+        (:mod:`dipsjax.runtime.lease`). The run config's ``standby_leader: true`` sets it.
+      leader_lease: with a standby, seconds without a renewal of the active leader's lease
+        before the standby takes over (the leader renews it 4 times as often).
+      no_restart: fault injection, for tests: process names (``leader``, ``follower1``...)
+        the launcher never restarts, as if their host were gone.
     """
 
     sim: SimConfig
@@ -127,6 +135,9 @@ class RunSpec:
     dataplane_max_per_address: int = 64
     dataplane_first_frame_timeout: float = 5.0
     dataplane_idle_timeout: float = 60.0
+    standby: str = ""
+    leader_lease: float = 3.0
+    no_restart: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         def hostport(a: str) -> bool:
@@ -143,6 +154,12 @@ class RunSpec:
         checks = [
             (hostport(self.leader) or not self.leader, "leader", "'host:port'"),
             (n >= 1 or not self.leader, "followers", "at least one 'host:port'"),
+            (
+                not self.standby or (hostport(self.standby) and self.standby != self.leader),
+                "standby",
+                "'host:port', not the leader's (or empty: no standby)",
+            ),
+            (seconds(self.leader_lease), "leader_lease", "finite and > 0 seconds"),
             (all(hostport(a) for a in self.followers), "followers", "'host:port' each"),
             (
                 all(isinstance(k, int) and 0 <= k < max(n, 1) for k in self.layer_owner),
@@ -265,7 +282,13 @@ class RunSpec:
         d["layer_owner"] = tuple(d["layer_owner"])
         d["link_rates"] = tuple(tuple(x) for x in d.get("link_rates", ()))
         d["link_cuts"] = tuple(tuple(x) for x in d.get("link_cuts", ()))
+        d["no_restart"] = tuple(d.get("no_restart", ()))
         return cls(**d)
+
+    @property
+    def leaders(self) -> tuple[str, ...]:
+        """The control plane's addresses, tried in turn: the leader's, then the standby's."""
+        return (self.leader, self.standby) if self.standby else (self.leader,)
 
     def write(self, path: str | Path) -> None:
         write_json(path, self.to_json(), indent=1)
@@ -289,6 +312,17 @@ def write_json(path: str | Path, doc: Any, **dumps: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, **dumps))
     os.replace(tmp, path)
+
+
+def write_json_at(dir_fd: int, name: str, doc: Any, **dumps: Any) -> None:
+    """:func:`write_json` into the folder open as ``dir_fd``, whatever its path is now (a
+    folder moved meanwhile gets the file where it is: what a deposed leader still writes
+    lands in its own moved folder, :func:`dipsjax.runtime.lease.takeover`)."""
+    tmp = name + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, dir_fd=dir_fd)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(doc, **dumps))
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def write_cpu_seconds(path: str | Path) -> None:

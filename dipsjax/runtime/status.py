@@ -54,7 +54,7 @@ def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
             why = "the leader refused the job credential (another job's token?)"
         elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             why = (
-                f"no leader answered at {spec.leader} within {timeout:.0f} s "
+                f"no leader answered at {' or '.join(spec.leaders)} within {timeout:.0f} s "
                 "(the job has ended, or its credentials are not this leader's)"
             )
         else:
@@ -66,9 +66,14 @@ def read(run_dir: str | Path, timeout: float = 5.0) -> dict[str, Any]:
 
 def with_run_files(st: dict[str, Any], run_dir: str | Path, learners: int) -> dict[str, Any]:
     """The leader's status with what the run folder says besides: ``validation`` (the
-    evaluator's newest points, oldest first, at most 5) and ``phases`` (each learner's
-    phase file, by learner)."""
-    from dipsjax.runtime import progress
+    evaluator's newest points, oldest first, at most 5), ``phases`` (each learner's
+    phase file, by learner) and, with a standby leader, ``lease`` (the active leader's
+    lease: its epoch, holder, address, and ``age``, seconds since it was last renewed)."""
+    from dipsjax.runtime import lease, progress
+
+    doc = lease.read_lease(run_dir)
+    if doc is not None:
+        st["lease"] = {**doc, "age": max(time.time() - doc["t"], 0.0)}
 
     st["validation"] = progress.read_validation(run_dir)[-5:]
     st["phases"] = {
@@ -108,6 +113,16 @@ def render(st: dict[str, Any]) -> Any:
         ),
         Text(f"followers up {st['followers_up']}"),
     ]
+    who = st.get("leader")
+    if who:
+        text = f"leader: epoch {who['epoch']} at {who['address']} ({who['holder']})"
+        if who.get("standby"):
+            other = who["standby"] if who["address"] != who["standby"] else "the leader's"
+            text += f"; standby address {other}"
+        held = st.get("lease")
+        if held and held.get("epoch") == who["epoch"]:
+            text += f"; lease renewed {held['age']:.1f} s ago"
+        lines.append(Text(text))
     rnd = st.get("round")
     if rnd:
         closes = rnd.get("grace_closes_in")

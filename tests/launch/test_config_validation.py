@@ -3,6 +3,7 @@ allowed set) and the cross-field rules hold, or ``dipsjax run`` refuses it with 
 named, exit code 2, no traceback, and nothing written (issue 18, item 8)."""
 
 import copy
+import dataclasses
 import functools
 import math
 import subprocess
@@ -359,9 +360,16 @@ def _usable(cfg: dict, sim) -> None:
     requirements = requirements_from_config(cfg)
     Slurm(**executor_settings(cfg, "slurm", Slurm))
     Kubernetes(**executor_settings(cfg, "kubernetes", Kubernetes))
-    spec = RunSpec(sim, "", (), "", "runs/x", (), 0, **run_config.spec_settings(cfg))
+    settings = run_config.spec_settings(cfg)
+    standby = settings.pop("standby_leader", False)  # make_spec gives it an address
+    spec = RunSpec(sim, "", (), "", "runs/x", (), 0, **settings)
     jobs = role_jobs(spec, **requirements)  # what the run adds once make_spec has written
     assert len(jobs.jobs) == 1 + sim.learners
+    if standby:
+        with_standby = dataclasses.replace(
+            spec, leader="127.0.0.1:1", standby="127.0.0.1:2", followers=("127.0.0.1:3",)
+        )
+        assert "standby" in [j.name for j in role_jobs(with_standby, **requirements)]
     for job in jobs:
         job.requirements.env()
     limits = spec.dataplane_limits()  # what the followers' DataPlaneServer is given
@@ -428,7 +436,9 @@ def test_every_field_has_a_rule():
         assert {f.name for f in dataclasses.fields(cls)} == set(table), cls
     # The run-level fields: each a RunSpec field with a rule, and one --set accepts.
     assert set(schema.TOP) == {"name", *run_config.SPEC_FIELDS}
-    assert set(run_config.SPEC_FIELDS) <= {f.name for f in dataclasses.fields(RunSpec)}
+    # (standby_leader, a switch, becomes RunSpec.standby: the standby's address)
+    fields = {f.name for f in dataclasses.fields(RunSpec)}
+    assert set(run_config.SPEC_FIELDS) - {"standby_leader"} <= fields and "standby" in fields
     assert set(run_config.SPEC_FIELDS) <= run_config.TOP
 
 

@@ -99,7 +99,12 @@ def _healer(tmp_path, stopped, **rcs):
     (run_dir / "leader").mkdir(parents=True)
     (run_dir / "leader" / "snapshot.json").write_text(json.dumps({"stopped": stopped}))
     spec = types.SimpleNamespace(
-        run_dir=str(run_dir), max_restarts=3, restart_backoff=0.0, move_followers=False
+        run_dir=str(run_dir),
+        max_restarts=3,
+        restart_backoff=0.0,
+        move_followers=False,
+        standby="",
+        no_restart=(),
     )
     procs = types.SimpleNamespace(procs={n: _Proc(rc) for n, rc in rcs.items()}, logs=run_dir)
     healer = run.Healer(types.SimpleNamespace(spec=spec), procs, 0.0)

@@ -439,14 +439,16 @@ class Envelope(_message.Message):
     def __init__(self, job_token: _Optional[str] = ..., join: _Optional[_Union[Join, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., tick: _Optional[_Union[Tick, _Mapping]] = ..., push_requested: _Optional[_Union[PushRequested, _Mapping]] = ..., transfer_done: _Optional[_Union[TransferDone, _Mapping]] = ..., pull_done: _Optional[_Union[PullDone, _Mapping]] = ..., chunk_requested: _Optional[_Union[ChunkRequested, _Mapping]] = ..., learner_failed: _Optional[_Union[LearnerFailed, _Mapping]] = ..., follower_norms: _Optional[_Union[FollowerNorms, _Mapping]] = ..., follower_merged: _Optional[_Union[FollowerMerged, _Mapping]] = ..., follower_applied: _Optional[_Union[FollowerApplied, _Mapping]] = ..., follower_joined: _Optional[_Union[FollowerJoined, _Mapping]] = ..., follower_lost: _Optional[_Union[FollowerLost, _Mapping]] = ..., send_model: _Optional[_Union[SendModel, _Mapping]] = ..., push_shards: _Optional[_Union[PushShards, _Mapping]] = ..., wake_at: _Optional[_Union[WakeAt, _Mapping]] = ..., request_norms: _Optional[_Union[RequestNorms, _Mapping]] = ..., decide: _Optional[_Union[Decide, _Mapping]] = ..., apply: _Optional[_Union[Apply, _Mapping]] = ..., discard: _Optional[_Union[Discard, _Mapping]] = ..., notify_pull: _Optional[_Union[NotifyPull, _Mapping]] = ..., grant_chunk: _Optional[_Union[GrantChunk, _Mapping]] = ..., evict: _Optional[_Union[Evict, _Mapping]] = ..., refuse: _Optional[_Union[Refuse, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., follower_heartbeat: _Optional[_Union[FollowerHeartbeat, _Mapping]] = ..., unused: _Optional[_Union[Unused, _Mapping]] = ..., rejoin: _Optional[_Union[Rejoin, _Mapping]] = ..., epoch: _Optional[int] = ..., seq: _Optional[int] = ..., acked: _Optional[int] = ..., incarnation: _Optional[int] = ..., session: _Optional[int] = ..., request: _Optional[int] = ...) -> None: ...
 
 class Replies(_message.Message):
-    __slots__ = ("actions", "error", "refused")
+    __slots__ = ("actions", "error", "refused", "epoch")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     actions: _containers.RepeatedCompositeFieldContainer[Envelope]
     error: str
     refused: str
-    def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ..., refused: _Optional[str] = ...) -> None: ...
+    epoch: int
+    def __init__(self, actions: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ..., error: _Optional[str] = ..., refused: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("job_token", "learner", "follower", "incarnation", "acked", "epoch")

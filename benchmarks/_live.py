@@ -31,9 +31,17 @@ class LiveJob:
     """A Di-PS job of :data:`LEARNERS` learners (speeds 1, 1.3, 1.6) and :data:`FOLLOWERS`
     followers in ``folder / "run"``, its budget ``pushes`` full rounds, its spec changed by
     ``spec_changes`` (e.g. ``max_restarts``) and written to ``folder / "spec.json"``, its
-    launcher started; and what its files say while it runs."""
+    launcher started (``standby``: with a standby leader); and what its files say while it
+    runs."""
 
-    def __init__(self, folder: Path, pushes: int, inner_steps: int, **spec_changes: Any):
+    def __init__(
+        self,
+        folder: Path,
+        pushes: int,
+        inner_steps: int,
+        standby: bool = False,
+        **spec_changes: Any,
+    ):
         from dipsjax.launch.run import make_spec
         from dipsjax.sim.config import SimConfig
 
@@ -47,7 +55,8 @@ class LiveJob:
         self.sim = dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
         folder.mkdir(parents=True, exist_ok=True)
         self.run = folder / "run"
-        self.spec = dataclasses.replace(make_spec(self.sim, self.run), **spec_changes)
+        spec = make_spec(self.sim, self.run, standby_leader=standby)
+        self.spec = dataclasses.replace(spec, **spec_changes)
         path = folder / "spec.json"
         self.spec.write(path)
         self.launcher = subprocess.Popen(

@@ -10,7 +10,15 @@ schedule, at moments picked from it too, one fault after another:
   to be hit);
 * ``any``: after a random 0-3 s;
 * ``two``: two roles at once; ``twice``: one role, then its restart as soon as it is up;
-* ``stopped``: a learner or follower right after the leader stopped the job.
+* ``stopped``: a learner or follower right after the leader stopped the job;
+* ``pause`` (with ``--standby``): the role is paused (SIGSTOP) for twice the leader's lease,
+  then woken (SIGCONT), instead of killed.
+
+With ``--standby`` the job runs a standby leader (issue 22), and the roles the schedule
+picks from include it: either leader process, active or standing by, may be killed or
+paused at any moment. The active leader's fault is detected when the other process claims
+the next epoch (its claim's time), and recovered when the new leader has written its
+status; the idle standby's, by the launcher's restart, and recovered when it runs again.
 
 After each fault it waits until the role is back (or 60 s) and records, on its own clock,
 how long the system took to **detect** it (the leader's record that a learner was evicted
@@ -50,13 +58,15 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _live import FOLLOWERS, LEARNERS, LiveJob
+from _live import FOLLOWERS, LEARNERS, LiveJob, read_json
 
 MOMENTS = ("startup", "push", "apply", "pull", "any", "two", "twice", "stopped")
+LEADERS = ("leader", "standby")  # the two leader processes of a run with a standby
 
 
 def _records(run: Path) -> list[dict]:
@@ -68,10 +78,17 @@ def _records(run: Path) -> list[dict]:
 class Chaos(LiveJob):
     """One run under faults: start, kill, watch, audit."""
 
-    def __init__(self, base: Path, index: int, pushes: int, inner_steps: int) -> None:
+    def __init__(
+        self, base: Path, index: int, pushes: int, inner_steps: int, standby: bool = False
+    ) -> None:
         # Faults are the point here: every role may die many times.
         super().__init__(
-            base / f"run{index}", pushes, inner_steps, max_restarts=50, apply_delay=0.3
+            base / f"run{index}",
+            pushes,
+            inner_steps,
+            standby=standby,
+            max_restarts=50,
+            apply_delay=0.3,
         )
         self.t0 = time.monotonic()
         self.faults: list[dict] = []  # one per kill
@@ -98,7 +115,21 @@ class Chaos(LiveJob):
 
     # -- faults ---------------------------------------------------------------------
 
-    def kill(self, role: str, moment: str) -> dict:
+    def active_leader(self) -> str | None:
+        """Which leader process holds the lease now (``leader`` or ``standby``)."""
+        from dipsjax.runtime import lease
+
+        held = lease.read_lease(self.run)
+        if held is None or held["epoch"] != lease.newest_epoch(self.run):
+            return None
+        pid = int(held["holder"].rpartition(":")[2])
+        return next((n for n in LEADERS if self.pids().get(n) == pid), None)
+
+    def kill(self, role: str, moment: str, pause: float = 0.0) -> dict:
+        """SIGKILL to ``role``'s process, or with ``pause`` SIGSTOP, and SIGCONT that many
+        seconds later (from a thread: the watch goes on meanwhile)."""
+        from dipsjax.runtime import lease
+
         self.wait(lambda: role in self.pids(), 30)  # (at start-up: not started yet)
         pid = self.pids().get(role)
         st = self.status() or {"t": 0.0}
@@ -111,12 +142,22 @@ class Chaos(LiveJob):
         fault = {"role": role, "moment": moment, "t": t, "n": len(records)}
         # Whether the leader knew the role yet: one killed before its first join cannot be
         # detected (there is no member to lose), only seen joining once it is back.
-        fault["known"] = role == "leader" or any(_about(r, role) for r in records)
+        fault["known"] = role in LEADERS or any(_about(r, role) for r in records)
         fault["restarts"] = len(_json_lines(self.run / "restarts.jsonl"))
+        fault["epoch"] = lease.newest_epoch(self.run)
+        fault["active"] = self.spec.standby and self.active_leader() == role
         fault["at"], fault["wall"] = time.monotonic(), time.time()
         if pid is not None and self.launcher.poll() is None:  # (a pid of an ended run: reused)
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGSTOP if pause else signal.SIGKILL)
+            if pause:
+
+                def wake() -> None:
+                    time.sleep(pause)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+
+                threading.Thread(target=wake, daemon=True).start()
         fault["pid"] = pid
         self.faults.append(fault)
         return fault
@@ -152,25 +193,40 @@ class Chaos(LiveJob):
         role = fault["role"]
         gone, back = self._gone_back(role, records[fault["n"] :], fault)
         now = time.monotonic() - fault["at"]
-        if role == "leader":  # seconds on this script's clock
+        if role in LEADERS:  # seconds on this script's clock
             gone = now - gone if gone is not None else None
             back = now if back else None
         if gone is not None and fault["detect"] is None:
-            fault["detect"] = max(gone - (0 if role == "leader" else fault["t"]), 0.0)
+            fault["detect"] = max(gone - (0 if role in LEADERS else fault["t"]), 0.0)
         if back is not None and fault["recover"] is None:
-            fault["recover"] = max(back - (0 if role == "leader" else fault["t"]), 0.0)
+            fault["recover"] = max(back - (0 if role in LEADERS else fault["t"]), 0.0)
 
     def _gone_back(self, role: str, recs: list[dict], fault: dict) -> tuple[Any, Any]:
         """Whether the role's death was seen and whether it is back: for a learner or a
         follower, the tape times of the records that say so (``None``: not yet)."""
-        if role == "leader":
+        if fault.get("active"):
+            # The active leader with a standby: gone when the other claimed the next epoch
+            # (its claim's wall time), back when the new leader has written its status.
+            from dipsjax.runtime import lease
+
+            path = lease.epoch_path(self.run, fault["epoch"] + 1)
+            claimed = read_json(path)
+            if claimed is None:
+                return None, None
+            st = self.status() or {}
+            new = st.get("leader", {}).get("epoch", 0) > fault["epoch"]
+            since = time.monotonic() - fault["at"] - (claimed["claimed"] - fault["wall"])
+            return since, new or None
+        if role in LEADERS:
             # Gone: the launcher's restart line (less its backoff: when it saw the death).
             # Back: a new leader process wrote its status.
             lines = _json_lines(self.run / "restarts.jsonl")[fault["restarts"] :]
-            mine = [x for x in lines if x["role"] == "leader"]
+            mine = [x for x in lines if x["role"] == role]
             if not mine:
                 return None, None
-            new_pid = self.pids().get("leader") not in (None, fault["pid"])
+            new_pid = self.pids().get(role) not in (None, fault["pid"])
+            if self.spec.standby:  # the idle standby: back once it runs again
+                return mine[0]["restarted"] - mine[0]["seen"], new_pid or None
             try:
                 wrote = (self.run / "leader" / "status.json").stat().st_mtime > fault["wall"]
             except OSError:
@@ -191,7 +247,9 @@ class Chaos(LiveJob):
         return (gone or [None])[0] if fault["known"] else None, (back or [None])[0]
 
     def inject(self, moment: str, roles: list[str]) -> None:
-        if moment == "two":
+        if moment == "pause":
+            faults = [self.kill(roles[0], moment, pause=2 * self.spec.leader_lease)]
+        elif moment == "two":
             faults = [self.kill(r, moment) for r in roles[:2]]
         elif moment == "twice":
             first = self.kill(roles[0], moment)
@@ -270,16 +328,18 @@ def _json_lines(path: Path) -> list[dict]:
         return []
 
 
-def schedule(rng: random.Random, faults: int) -> list[tuple[str, list[str]]]:
-    """``faults`` (moment, roles) pairs: ``startup`` may come first only, ``stopped`` last."""
-    roles = ["leader"] + [f"follower{k}" for k in range(FOLLOWERS)]
+def schedule(rng: random.Random, faults: int, standby: bool = False) -> list[tuple[str, list[str]]]:
+    """``faults`` (moment, roles) pairs: ``startup`` may come first only, ``stopped`` last;
+    with a ``standby``, either leader process may be picked, and ``pause`` is a moment."""
+    leaders = list(LEADERS if standby else LEADERS[:1])
+    roles = leaders + [f"follower{k}" for k in range(FOLLOWERS)]
     roles += [f"learner{j}" for j in range(LEARNERS)]
     out = []
     for i in range(faults):
-        moments = [m for m in MOMENTS if (m != "startup" or i == 0)]
+        moments = [m for m in MOMENTS + ("pause",) * standby if (m != "startup" or i == 0)]
         moments = [m for m in moments if (m != "stopped" or i == faults - 1)]
         moment = rng.choice(moments)
-        pool = roles if moment != "stopped" else roles[1:]  # the leader is gone by then
+        pool = roles if moment != "stopped" else roles[len(leaders) :]  # the leader is gone
         out.append((moment, rng.sample(pool, 2)))
     return out
 
@@ -290,21 +350,30 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=6, help="faults a run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
+    parser.add_argument(
+        "--standby", action="store_true", help="runs with a standby leader (see above)"
+    )
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="dipsjax-chaos-"))
     rng = random.Random(args.seed)
     runs = 1 if args.tiny else args.runs
     results, all_faults = [], []
     for i in range(runs):
-        if args.tiny:
+        if args.tiny and args.standby:
+            # Either leader: the active one killed in an outer step (the standby takes
+            # over), then that one, active now, paused mid-push (the first, restarted as
+            # the standby, takes over; the woken one is deposed).
+            plan = [("apply", ["leader"]), ("pause", ["standby"])]
+            chaos = Chaos(base, i, pushes=20, inner_steps=4, standby=True)
+        elif args.tiny:
             plan = [("apply", ["follower1"]), ("push", ["learner1"])]
             # 20 full rounds (60 pushes): two runs measured had 12 and 20 pushes in when
             # the killed learner was active again, both faults over (30 rounds trained on
             # for 70-78 more pushes only to reach the budget).
             chaos = Chaos(base, i, pushes=20, inner_steps=4)
         else:
-            plan = schedule(rng, args.faults)
-            chaos = Chaos(base, i, pushes=20 * args.faults, inner_steps=8)
+            plan = schedule(rng, args.faults, args.standby)
+            chaos = Chaos(base, i, pushes=20 * args.faults, inner_steps=8, standby=args.standby)
         print(f"run {i}: {chaos.run}: {plan}", flush=True)
         for moment, roles in plan:
             if not chaos.moment(moment, rng):
@@ -345,7 +414,7 @@ def main() -> None:
     print(f"chaos_batches_twice: {sum(r['batches_twice'] for r in results)} (goal: 0)")
     bad = sum(r["versions_out_of_order"] + r["followers_diverged"] for r in results)
     print(f"chaos_version_faults: {bad} (goal: 0)")
-    for role in ("leader", "follower", "learner"):
+    for role in ("leader", "standby", "follower", "learner"):
         mine = [f for f in all_faults if f["role"].startswith(role)]
         joined = [f for f in mine if f["known"]]
         for what in ("detect", "recover"):

@@ -240,6 +240,11 @@ class ControlClient:
         if not self.delivery.heard(reply.epoch):
             self._broken(channel, grpc.StatusCode.UNAVAILABLE)
             raise StaleLeader(reply.epoch, self.delivery.newest)
+        if reply.refused.startswith("deposed:"):  # it has lost its lease: a lost leader
+            self._last.refused = reply.refused
+            self.delivery.refused["deposed"] += 1
+            self._broken(channel, grpc.StatusCode.UNAVAILABLE)
+            raise StaleLeader(reply.epoch, max(self.delivery.newest, reply.epoch + 1))
         if reply.error:
             raise ControlError(reply.error)
         self._last.refused = reply.refused

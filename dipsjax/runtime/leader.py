@@ -853,6 +853,10 @@ class SyncerService(syncer_pb2_grpc.SyncerServicer):
             replies = node.handle(event)
         except (ValueError, TypeError) as e:
             return self._malformed(str(e))
+        if node.deposed:  # found deposed while it handled this: it decided nothing
+            return self._refused(
+                "deposed", f"epoch {node.epoch} has lost its lease to a newer leader"
+            )
         reply = self._replies(actions=[codec.to_proto(a) for a in replies])
         if who is not None:
             node.requests.answered(who, envelope.session, envelope.request, reply)

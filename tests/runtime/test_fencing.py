@@ -1,0 +1,145 @@
+"""Epochs as fencing tokens and the leader's lease (issue 22), below the processes: the
+claims in ``RUN_DIR/lease``, a standby's view of the lease, the takeover of the run folder,
+a deposed leader (it decides nothing, writes nothing the new leader reads, and every answer
+of it is refused), and the peers' refusal of an older epoch's messages."""
+
+import threading
+import time
+
+import pytest
+
+from dipsjax.runtime import lease
+from dipsjax.runtime.client import ControlClient, Delivery, StaleLeader
+from dipsjax.runtime.leader import LeaderNode, restored
+from dipsjax.syncer import messages as m
+from dipsjax.transport.proto import syncer_pb2
+from tests.runtime.test_watch_delivery import _Server, _spec
+
+
+def test_each_epoch_is_claimed_by_one_process_only(tmp_path):
+    got = []
+
+    def claimer(i):
+        got.append((lease.claim_next(tmp_path, f"p{i}"), i))
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(e for e, _ in got) == list(range(1, 17))  # 16 claims, 16 epochs
+    assert lease.newest_epoch(tmp_path) == 16
+    assert not lease.claim(tmp_path, 16, "late")  # taken: refused
+    assert lease.claim(tmp_path, 17, "next")
+
+
+def test_a_standby_sees_the_lease_lapse_only_without_renewals(tmp_path):
+    follow = lease.Follow(tmp_path, lease_s=0.3)
+    assert follow.poll(now=0.0) == "held" and follow.poll(now=10.0) == "lapsed"  # no leader
+    held = lease.Lease(tmp_path, lease.claim_next(tmp_path, "a"), "a", "h:1")
+    held.renew()
+    assert follow.poll(now=10.0) == "held"  # a new epoch: counted from now
+    assert follow.poll(now=10.2) == "held"
+    held.renew()
+    assert follow.poll(now=10.4) == "held"  # renewed at 10.4: lapses after 10.7
+    assert follow.poll(now=10.69) == "held"
+    assert follow.poll(now=10.71) == "lapsed"
+    held.renew(stopped=True)
+    assert follow.poll(now=10.72) == "stopped"
+    # A newer epoch deposes the holder: it renews nothing more.
+    assert lease.claim(tmp_path, held.epoch + 1, "b")
+    assert held.deposed() and not held.renew()
+    assert lease.read_lease(tmp_path)["epoch"] == held.epoch  # unchanged
+
+
+def _pushing(node, learner=0):
+    """The leader core with a follower up and a learner in, ready for its push."""
+    ld = node.leader
+    node.carry_out(ld.handle(m.FollowerJoined(0.0, 0, 0)))
+    node.carry_out(ld.handle(m.Join(0.0, learner)))
+    node.carry_out(ld.handle(m.PullDone(0.0, learner, 0)))
+
+
+def test_a_leader_deposed_mid_call_refuses_it_and_the_caller_counts_nothing(tmp_path):
+    """Seen in ``chaos.py --tiny --standby``: a leader paused with a push request in its
+    socket, woken after the takeover, handled the request, found itself deposed and
+    answered it with no actions and no refusal: the learner counted the push as booked
+    (2048 tokens unbooked in the audit). Now the answer is a refusal (``deposed``) and the
+    caller treats it as a lost leader (``StaleLeader``)."""
+    spec = _spec(tmp_path)
+    server = _Server(spec)
+    try:
+        node = server.node
+        _pushing(node)
+        outbox = {k: list(v) for k, v in node.outbox.items()}
+        assert lease.claim(spec.run_dir, node.epoch + 1, "standby")  # the takeover
+        client = ControlClient(spec, learner=0)
+        with pytest.raises(StaleLeader):
+            client.call(m.PushRequested(0.0, 0, m.PushMeta(4 * 512, 4, 0)), timeout=10)
+        assert client.refused.startswith("deposed")
+        assert client.delivery.refused["deposed"] == 1
+        assert node.deposed and node.refused["deposed"] >= 1
+        assert {k: list(v) for k, v in node.outbox.items()} == outbox  # nothing routed
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_caller_that_heard_a_newer_epoch_deposes_the_leader_only_if_it_was_claimed(tmp_path):
+    spec = _spec(tmp_path)
+    server = _Server(spec)
+    try:
+        node = server.node
+        client = ControlClient(spec, follower=0)
+        client.delivery.newest = node.epoch + 5  # never claimed: a made-up number
+        with pytest.raises(StaleLeader):  # (to the caller, this leader is older)
+            client.call(m.FollowerJoined(0.0, 0, 0), timeout=10)
+        assert node.refused["unknown_epoch"] == 1 and not node.deposed
+        assert lease.claim(spec.run_dir, node.epoch + 1, "standby")
+        client.delivery.newest = node.epoch + 1
+        with pytest.raises(StaleLeader):
+            client.call(m.FollowerHeartbeat(0.0, 0), timeout=10)
+        assert node.deposed
+        client.close()
+    finally:
+        server.stop()
+
+
+def test_a_peer_refuses_and_counts_an_older_epochs_actions():
+    d = Delivery()
+    env = lambda epoch, seq: syncer_pb2.Envelope(epoch=epoch, seq=seq)  # noqa: E731
+    assert d.take(env(3, 1)) and d.take(env(3, 2)) and not d.take(env(3, 2))
+    assert d.acked() == (3, 2)
+    assert d.take(env(4, 1))  # a newer leader numbers from 1 again
+    with pytest.raises(StaleLeader):
+        d.take(env(3, 3))  # the deposed one's
+    assert d.refused["old_epoch"] == 1 and d.state == (4, 1)
+    assert d.heard(0)  # an unnumbered, unstamped message: no epoch to judge
+    assert not d.heard(2) and d.refused["old_epoch"] == 2
+    d.heard(5)  # an answer from a newer leader, whose stream this peer has not seen yet
+    assert d.acked() == (5, 0)
+
+
+def test_what_a_deposed_leader_writes_lands_in_its_moved_folder(tmp_path):
+    spec = _spec(tmp_path)
+    old = LeaderNode(spec)
+    _pushing(old)
+    tape_before = (tmp_path / "run" / "tape.jsonl").read_text()
+    epoch = old.epoch + 1
+    assert lease.claim(spec.run_dir, epoch, "standby")
+    moved = lease.takeover(spec.run_dir, epoch)
+    assert moved.name == f"leader.epoch-{old.epoch:08d}"
+    new = LeaderNode(spec, restored(spec), epoch=epoch, address=spec.leader)
+    assert new.leader.members.keys() == old.leader.members.keys()
+    # The old one goes on as if nothing happened: an event that changes its state.
+    t0 = time.monotonic()
+    got = old.carry_out(old.leader.handle(m.PushRequested(1.0, 0, m.PushMeta(2048, 4, 0))))
+    assert got == [] and old.deposed and time.monotonic() - t0 < 5
+    # Its tape records and snapshot went to its own files, not the new leader's.
+    assert (tmp_path / "run" / "tape.jsonl").read_text() == tape_before
+    snap = (tmp_path / "run" / "leader" / "snapshot.json").read_text()
+    new.carry_out([])  # the new leader persists: its state, as restored
+    assert (tmp_path / "run" / "leader" / "snapshot.json").read_text() != "" and snap
+    assert restored(spec).members.keys() == new.leader.members.keys()
+    assert restored(spec).version == new.leader.version
+    assert (moved / "snapshot.json").read_text() != snap  # the old one's last write

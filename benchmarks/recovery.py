@@ -15,7 +15,9 @@ role's process (``RUN_DIR/pids.json``) and watches what the system records, poll
 * **recovered**: the role serves again: a learner's new incarnation is ``active`` (it
   pulled a whole version), a follower ``joined`` again at its version, the leader (or the
   standby that took over) wrote its ``resume`` record and every learner rejoined it.
-* **training resumed**: the first round applied after the kill.
+* **training resumed**: the first round applied after the kill; for the leader and the
+  takeover also **rounds again**: the first round opened after the resume applied (the
+  resume itself may end a round the followers were applying when the leader died).
 
 The baseline, measured in the same runs, is the mean time between applied rounds before
 the kill. The paper reports follower detection in 1.35-1.52 minutes and leader recovery in
@@ -85,6 +87,16 @@ def _applied_after(recs: list[dict], n_before: int) -> bool:
     return len([r for r in recs if r["kind"] == "round" and r["applied"]]) > n_before
 
 
+def _new_round_applied(recs: list[dict]) -> bool:
+    """Whether a round opened after the newest ``resume`` record has been applied (not the
+    round the followers were applying when the leader died, which the resume ends)."""
+    resumes = [r["t"] for r in recs if r["kind"] == "resume"]
+    return bool(resumes) and any(
+        r["kind"] == "round" and r["applied"] and r["timings"]["opened"] >= resumes[-1]
+        for r in recs
+    )
+
+
 def measure(role: str, base: Path, tiny: bool = False) -> dict[str, float]:
     from dipsjax.launch.run import make_spec
     from dipsjax.sim.config import SimConfig
@@ -126,7 +138,9 @@ def measure(role: str, base: Path, tiny: bool = False) -> dict[str, float]:
         t_kill, wall_kill = time.monotonic(), time.time()
         os.kill(pid, signal.SIGKILL)
         got: dict[str, float] = {}
-        while "resumed" not in got or "recovered" not in got or "detected" not in got:
+        wanted = ["resumed", "recovered", "detected"]
+        wanted += ["rounds_again"] if role in ("leader", "takeover") else []
+        while any(k not in got for k in wanted):
             if time.monotonic() - t_kill > 120 or launcher.poll() is not None:
                 raise RuntimeError(f"{role}: no recovery within 120 s ({got})")
             now = time.monotonic() - t_kill
@@ -160,6 +174,8 @@ def measure(role: str, base: Path, tiny: bool = False) -> dict[str, float]:
                 got["recovered"] = now
             if _applied_after(recs, n_before) and "resumed" not in got:
                 got["resumed"] = now
+            if role in ("leader", "takeover") and _new_round_applied(recs):
+                got.setdefault("rounds_again", now)
             time.sleep(0.02)
         got["round_interval"] = interval
         if tiny:  # the rest of its budget adds nothing to a harness check: stopped below
@@ -193,10 +209,10 @@ def main() -> None:
     for role, got in results.items():
         print(f"recovery_{role}_detect_s: {got['detected']:.2f} (goal: < 5)")
         print(f"recovery_{role}_recover_s: {got['recovered']:.2f} (goal: < 30)")
-        if role == "takeover":  # the issue's own goal: rounds again within 10 s
-            print(f"recovery_{role}_rounds_again_s: {got['resumed']:.2f} (goal: < 10)")
+        if role in ("leader", "takeover"):  # issue 22's goal: rounds again within 10 s
+            print(f"recovery_{role}_rounds_again_s: {got['rounds_again']:.2f} (goal: < 10)")
     if "leader" in results and "takeover" in results:
-        ratio = results["takeover"]["resumed"] / results["leader"]["resumed"]
+        ratio = results["takeover"]["rounds_again"] / results["leader"]["rounds_again"]
         print(f"recovery_takeover_vs_restart: {ratio:.2f} (goal: none; both on one machine)")
 
 

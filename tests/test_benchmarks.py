@@ -356,9 +356,12 @@ def test_recovery_tiny(tmp_path):
         "recovery", "--tiny", "--roles", "follower", "takeover", timeout=500, tmp_path=tmp_path
     )
     roles = ("follower", "takeover")
-    expect(fig, [f"recovery_{r}_{k}_s" for r in roles for k in ("detect", "recover")])
+    names = [f"recovery_{r}_{k}_s" for r in roles for k in ("detect", "recover")]
+    expect(fig, [*names, "recovery_takeover_rounds_again_s"])
     for r in roles:  # detected before (or as) it recovered, both after the kill
         assert 0 <= fig[f"recovery_{r}_detect_s"] <= fig[f"recovery_{r}_recover_s"]
+    # A new round is applied only once the standby has taken over and resumed.
+    assert fig["recovery_takeover_detect_s"] < fig["recovery_takeover_rounds_again_s"]
 
 
 @pytest.mark.slow

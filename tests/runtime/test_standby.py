@@ -11,7 +11,6 @@ import os
 import signal
 import time
 
-import grpc
 import pytest
 
 from dipsjax.launch.run import make_spec

@@ -128,8 +128,13 @@ def measure(role: str, base: Path, tiny: bool = False) -> dict[str, float]:
             if time.monotonic() > deadline or launcher.poll() is not None:
                 raise RuntimeError(f"{role}: the run never reached version 2")
             time.sleep(0.02)
-        recs = _records(run)
-        rounds = [r for r in recs if r["kind"] == "round" and r["applied"]]
+        recs, rounds = [], []
+        while len(rounds) < 2:  # (the tape may be read as its newest line is written)
+            if time.monotonic() > deadline or launcher.poll() is not None:
+                raise RuntimeError(f"{role}: the tape never showed 2 rounds")
+            recs = _records(run)
+            rounds = [r for r in recs if r["kind"] == "round" and r["applied"]]
+            time.sleep(0.02)
         ends = [r["timings"]["ended"] for r in rounds]
         interval = (ends[-1] - ends[0]) / max(len(ends) - 1, 1)
         name = {"learner": "learner1", "follower": "follower1"}.get(role, "leader")

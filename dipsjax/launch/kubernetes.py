@@ -106,9 +106,16 @@ class Kubernetes:
         """``spec`` as the pods see it: DNS addresses, in-pod paths, servers on all
         interfaces."""
         leader, followers = dns_names(name, len(spec.followers))
+        if spec.standby and not self.run_claim:
+            raise ValueError(
+                "standby_leader needs launch.kubernetes.run_claim: the standby follows the "
+                "leader's lease, snapshots and tape in the run folder, which both pods must "
+                "share (a ReadWriteMany PersistentVolumeClaim)"
+            )
         return dataclasses.replace(
             spec,
             leader=f"{leader}:{self.leader_port}",
+            standby=f"{name}-standby:{self.leader_port}" if spec.standby else "",
             followers=tuple(f"{h}:{self.follower_port}" for h in followers),
             run_dir=RUN,
             credentials=CREDENTIALS,
@@ -146,10 +153,11 @@ class Kubernetes:
                 {"name": "DIPSJAX_NUM_PROCESSES", "value": str(r.processes)},
                 {"name": "DIPSJAX_COORDINATOR", "value": f"{first}:{self.coordinator_port}"},
             ]
+        role = "standby" if job.name == "standby" else job.role
         container: dict[str, Any] = {
-            "name": job.role,
+            "name": role,
             "image": self.image,
-            "command": ["python", "-m", "dipsjax.launch.entry", job.role, f"{CONFIG}/spec.json"],
+            "command": ["python", "-m", "dipsjax.launch.entry", role, f"{CONFIG}/spec.json"],
             "env": env,
             "resources": {"requests": resources, "limits": dict(resources)},
             "volumeMounts": [
@@ -161,13 +169,31 @@ class Kubernetes:
         if index_arg:  # a replicated job of its own: its job index is 0
             container["command"].append(str(job.index))
         if port is not None:
-            container["ports"] = [{"name": job.role, "containerPort": port}]
+            container["ports"] = [{"name": role, "containerPort": port}]
         return container
 
     def _replicated_job(
         self, rj_name: str, job: Job, replicas: int, name: str, index_arg: bool = False
     ) -> dict:
         port = {"leader": self.leader_port, "follower": self.follower_port}.get(job.role)
+        role = "standby" if job.name == "standby" else job.role
+        pod_spec: dict[str, Any] = {}
+        if role == "standby":  # never on the leader's node: a lost node takes one of them
+            pod_spec["affinity"] = {
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {
+                                "matchLabels": {
+                                    "jobset.sigs.k8s.io/jobset-name": name,
+                                    "jobset.sigs.k8s.io/replicatedjob-name": "leader",
+                                }
+                            },
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                }
+            }
         volumes = [
             {"name": "config", "configMap": {"name": f"{name}-spec"}},
             {
@@ -191,10 +217,11 @@ class Kubernetes:
                         "metadata": {
                             "labels": {
                                 "app.kubernetes.io/name": "dipsjax",
-                                "dipsjax/role": job.role,
+                                "dipsjax/role": role,
                             }
                         },
                         "spec": {
+                            **pod_spec,
                             "restartPolicy": "OnFailure",
                             "containers": [self._container(job, port, index_arg, rj_name, name)],
                             "volumes": volumes,
@@ -220,6 +247,9 @@ class Kubernetes:
         for job in learners:  # host device ids mean nothing to a pod: only their number
             groups.setdefault(pod_requirements(job.requirements), []).append(job)
         rjobs = [self._replicated_job("leader", experiment.job("leader"), 1, name)]
+        standby = experiment.jobs.get("standby")
+        if standby is not None:
+            rjobs.append(self._replicated_job("standby", standby, 1, name))
         followers = experiment.by_role("follower")
         rjobs.append(self._replicated_job("follower", followers[0], len(followers), name))
         if len(groups) == 1:
@@ -261,6 +291,8 @@ class Kubernetes:
             },
         ]
         docs.append(service(name, self.namespace, "leader", self.leader_port))
+        if standby is not None:
+            docs.append(service(name, self.namespace, "standby", self.leader_port))
         docs += [
             service(name, self.namespace, "follower", self.follower_port, k)
             for k in range(len(followers))
@@ -299,8 +331,11 @@ def prepare(
 
     leader, hosts = dns_names(name, sim.followers)  # make_spec may use fewer
     ns = executor.namespace
+    standby = [f"{name}-standby"] if (settings or {}).get("standby_leader") else []
     names = [
-        h for x in (leader, *hosts) for h in (x, f"{x}.{ns}.svc", f"{x}.{ns}.svc.cluster.local")
+        h
+        for x in (leader, *standby, *hosts)
+        for h in (x, f"{x}.{ns}.svc", f"{x}.{ns}.svc.cluster.local")
     ]
     creds = create(out / "credentials", hosts=[*names, "localhost", "127.0.0.1"])
     spec = make_spec(sim, out, credentials=creds.directory, **dict(settings or {}))

@@ -126,6 +126,7 @@ class Slurm:
             for k, v in sorted(env.items())
         )
         index = "" if job.role == "leader" else f" {job.index}"
+        role = "standby" if job.name == "standby" else job.role
         log = shlex.quote(str(logs / f"{job.name}.log"))
         srun = (
             f"srun --het-group={group} --ntasks={r.processes} --cpus-per-task={r.cpus} "
@@ -133,7 +134,7 @@ class Slurm:
             + f"--overlap --job-name={job.name} --output={log} "
             f"--open-mode=append --kill-on-bad-exit=1"
         )
-        entry = f"{shlex.quote(self.python)} -m dipsjax.launch.entry {job.role} {spec}{index}"
+        entry = f"{shlex.quote(self.python)} -m dipsjax.launch.entry {role} {spec}{index}"
         return f"role {job.name} {srun} env {words} {entry} &"
 
     def script(self, experiment: Experiment) -> str:
@@ -143,6 +144,8 @@ class Slurm:
         spec_path = shlex.quote(str(run_dir / "spec.json"))
         logs, cache = run_dir / "logs", shlex.quote(str(run_dir / "jax-cache"))
         syncer = [experiment.job("leader"), *experiment.by_role("follower")]
+        # A standby leader: a component of its own (another node where SLURM has one).
+        standby = [j for n, j in experiment.jobs.items() if n == "standby"]
         learners = experiment.by_role("learner")
         head = [
             "#!/bin/bash",
@@ -158,6 +161,9 @@ class Slurm:
             ),
             "#SBATCH --overcommit",  # the leader is control only: it may share a CPU
         ]
+        for job in standby:
+            r = job.requirements
+            head += ["#SBATCH hetjob", *self._component(1, r.cpus, r.memory_gb)]
         for job in learners:
             r = job.requirements
             gpus = self.gpus(job)
@@ -189,7 +195,9 @@ class Slurm:
         body.append(self._step(syncer[0], 0, spec_path, logs))
         body.append("leader=$!")
         body += [self._step(job, 0, spec_path, logs) for job in syncer[1:]]
-        body += [self._step(job, 1 + i, spec_path, logs) for i, job in enumerate(learners)]
+        body += [self._step(job, 1, spec_path, logs) for job in standby]
+        first = 1 + len(standby)  # the learners' components
+        body += [self._step(job, first + i, spec_path, logs) for i, job in enumerate(learners)]
         body += [
             'wait "$leader"; rc=$?',
             'if [ "$rc" != 0 ]; then  # the leader gave up: end every other step with it',
@@ -254,9 +262,10 @@ class Slurm:
         self._run("scancel", job_id)
 
 
-def prepare(spec_path: str | Path, host: str | None = None) -> Any:
-    """Points the spec at the syncer's node and makes its credentials there (run by the
-    batch script before any role starts); returns the new spec."""
+def prepare(spec_path: str | Path, host: str | None = None, standby_host: str | None = None) -> Any:
+    """Points the spec at the syncer's node (and a standby leader's at its component's
+    node) and makes its credentials there, naming both (run by the batch script before any
+    role starts); returns the new spec."""
     import os
     import socket
 
@@ -264,27 +273,36 @@ def prepare(spec_path: str | Path, host: str | None = None) -> Any:
     from dipsjax.runtime.spec import RunSpec, address
 
     spec = RunSpec.read(spec_path)
-    if host is None:
-        nodes = os.environ.get("SLURM_JOB_NODELIST_HET_GROUP_0") or os.environ.get(
+
+    def first_node(group: int) -> str:
+        nodes = os.environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{group}") or os.environ.get(
             "SLURM_JOB_NODELIST", ""
         )
-        host = (
-            subprocess.run(
-                ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
-            ).stdout.split()[0]
-            if nodes
-            else socket.gethostname()
+        if not nodes:
+            return socket.gethostname()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodes], capture_output=True, text=True, check=True
         )
+        return out.stdout.split()[0]
+
+    if host is None:
+        host = first_node(0)
+    # The standby's node: its component's (group 1, see ``Slurm.script``).
+    if not spec.standby:
+        standby_host = host
+    elif standby_host is None:
+        standby_host = first_node(1)
     run_dir = Path(spec.run_dir)
     creds = run_dir / "credentials"
     if creds.exists():  # a requeued job: every role starts again, with new credentials
         import shutil
 
         shutil.rmtree(creds)
-    create(creds, hosts=[host, "localhost", "127.0.0.1"])
+    create(creds, hosts=list(dict.fromkeys([host, standby_host, "localhost", "127.0.0.1"])))
     spec = dataclasses.replace(
         spec,
         leader=f"{host}:{address(spec.leader)[1]}",
+        standby=f"{standby_host}:{address(spec.standby)[1]}" if spec.standby else "",
         followers=tuple(f"{host}:{address(a)[1]}" for a in spec.followers),
         credentials=str(creds.resolve()),
         bind="0.0.0.0",

@@ -51,29 +51,36 @@ def reconnect_options(heartbeat_interval: float) -> list[tuple[str, int]]:
 
 def control_target(addresses: tuple[str, ...]) -> tuple[str, str | None]:
     """``(target, TLS name)`` of a channel to the leader. One address: itself. Several (a
-    standby): one target naming them all (``ipv4:a:p,b:q``; names resolved here), so that
-    gRPC's ``pick_first`` connects to whichever leader listens, the first it can, and the
-    TLS name to check is the first address's host (the job's certificate names both)."""
+    standby): one target naming them all (``ipv4:a:p,b:q``; names resolved here, each time
+    a channel is made: a pod restarted elsewhere has a new address), so that gRPC's
+    ``pick_first`` connects to whichever leader listens, the first it can, and the TLS name
+    to check is the first address's host (the job's certificate names both). A name that
+    does not resolve yet (a pod not scheduled) is left out; none resolving, the first
+    address alone (gRPC resolves it, again and again)."""
     import ipaddress
     import socket
 
     if len(addresses) == 1:
         return addresses[0], None
-    parts, six = [], False
+    first = addresses[0].rpartition(":")[0].strip("[]")
+    parts = []
     for a in addresses:
         host, _, port = a.rpartition(":")
         host = host.strip("[]")
         try:
             ip = ipaddress.ip_address(host)
         except ValueError:
-            ip = ipaddress.ip_address(socket.getaddrinfo(host, int(port))[0][4][0])
-        six = six or ip.version == 6
+            try:
+                ip = ipaddress.ip_address(socket.getaddrinfo(host, int(port))[0][4][0])
+            except OSError:
+                continue
         parts.append((ip, port))
-    if six:
-        return "ipv6:" + ",".join(f"[{ip}]:{p}" for ip, p in parts), addresses[0].rpartition(":")[
-            0
-        ].strip("[]")
-    return "ipv4:" + ",".join(f"{ip}:{p}" for ip, p in parts), addresses[0].rpartition(":")[0]
+    if not parts:
+        return addresses[0], None
+    if any(ip.version == 6 for ip, _ in parts):
+        six = [(ip, p) for ip, p in parts if ip.version == 6]
+        return "ipv6:" + ",".join(f"[{ip}]:{p}" for ip, p in six), first
+    return "ipv4:" + ",".join(f"{ip}:{p}" for ip, p in parts), first
 
 
 def control_channel(spec: RunSpec) -> Any:

@@ -203,3 +203,31 @@ def test_the_launch_script_writes_a_valid_jobset_for_a_config(tmp_path):
         check=False,
     )
     assert bad.returncode == 2 and "launch.kubernetes.imag: must be a known field" in bad.stderr
+
+
+def test_a_standby_leader_is_a_replicated_job_of_its_own_on_another_node(tmp_path):
+    """Issue 22: the standby's pod (``entry standby``) never shares the leader's node, has
+    a headless Service of its own that the spec and the certificate name, and needs a run
+    folder both pods share (``run_claim``), else the run is refused naming the field."""
+    sim = SimConfig(learners=1, followers=1)
+    with pytest.raises(ValueError, match="run_claim"):
+        k8s.prepare(sim, "sb", tmp_path / "a", k8s.Kubernetes(image="i"), {"standby_leader": True})
+    ex = k8s.Kubernetes(image="i", run_claim="runs")
+    exp = k8s.prepare(sim, "sb", tmp_path / "b", ex, {"standby_leader": True})
+    docs = ex.manifests(exp, tmp_path / "b" / "credentials")  # validated against the schemas
+    rjobs = {r["name"]: r for r in _jobset(docs)["spec"]["replicatedJobs"]}
+    assert set(rjobs) == {"leader", "standby", "follower", "learner"}
+    pod = rjobs["standby"]["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"][3:] == ["standby", f"{k8s.CONFIG}/spec.json"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "leader"
+    spec = RunSpec.from_json(json.loads(_by_kind(docs, "ConfigMap")["data"]["spec.json"]))
+    assert address(spec.standby) == ("sb-standby", ex.leader_port)
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    assert "sb-standby" in services
+    secret = _by_kind(docs, "Secret")["data"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["cert.pem"]))
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"sb-leader", "sb-standby"} <= set(sans.get_values_for_type(x509.DNSName))

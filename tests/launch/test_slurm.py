@@ -149,6 +149,8 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
         "sim.token_budget=16384",  # 2 rounds
         "--set",
         "launch.learner.processes=2",  # jax.distributed from SLURM's environment
+        "--set",
+        "standby_leader=True",  # a standby leader: a component of its own (issue 22)
         "--out",
         str(run),
         "--wait",
@@ -166,15 +168,18 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
     # The batch script pointed the spec at the syncer's node, with credentials made there.
     spec = RunSpec.read(run / "spec.json")
     assert address(spec.leader)[0] == "127.0.0.1" and spec.bind == "0.0.0.0"
+    assert spec.standby and address(spec.standby)[1] != address(spec.leader)[1]
     batch = (run / "logs" / "batch.log").read_text()
     assert "prepared" in batch and "leader exited with 0" in batch
     # Every role ran as a step of the job, and the tape and the leader's books agree.
     steps = set()
-    for name in ("leader", "follower0", "follower1", "learner0"):
+    for name in ("leader", "standby", "follower0", "follower1", "learner0"):
         first = (run / "logs" / f"{name}.log").read_text().splitlines()[0]
         assert f"SLURM_JOB_ID {job_id}" in first, first
         steps.add(first.split("SLURM_STEP_ID ")[1].split(",")[0])
-    assert len(steps) == 4  # a step each
+    assert len(steps) == 5  # a step each
+    # The standby followed the lease of epoch 1 and ended when the job stopped.
+    assert "the job has stopped: the standby ends" in (run / "logs" / "standby.log").read_text()
     # The learner's partition: 2 tasks of its step, one JAX world, the second serving every
     # computation the first made (counted apart, by each).
     log = (run / "logs" / "learner0.log").read_text()
@@ -193,3 +198,43 @@ def test_a_run_through_slurm_trains_to_its_budget_and_leaves_nothing_behind(slur
     squeue = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, check=True)
     assert squeue.stdout.strip() == ""
     assert _procs_mentioning(str(run)) == []
+
+
+def test_a_standby_leader_is_a_component_of_its_own(tmp_path):
+    """Issue 22: the standby runs on another node where SLURM has one (its own component,
+    group 1; the learners' groups follow), as ``entry standby``, and ``prepare`` points its
+    address at that component's node, with a certificate naming both leaders' nodes."""
+    sim = SimConfig(learners=1, followers=1)
+    spec = RunSpec(
+        sim,
+        "127.0.0.1:5000",
+        ("127.0.0.1:6000",),
+        "",
+        str(tmp_path),
+        (0,),
+        4,
+        standby="127.0.0.1:5001",
+    )
+    exp = Experiment("t", spec).add(role_jobs(spec))
+    lines = Slurm().script(exp).splitlines()
+    assert lines.count("#SBATCH hetjob") == 2  # the syncer, the standby, the learner
+    comps = " ".join(lines).split("#SBATCH hetjob")
+    assert "--ntasks=2" in comps[0] and "--ntasks=1" in comps[1]
+    steps = {x.split()[1]: x for x in lines if x.startswith("role ")}
+    assert list(steps) == ["leader", "follower0", "standby", "learner0"]
+    assert "--het-group=1" in steps["standby"] and "--het-group=2" in steps["learner0"]
+    assert steps["standby"].endswith(f"-m dipsjax.launch.entry standby {tmp_path}/spec.json &")
+    from dipsjax.launch.slurm import prepare
+    from dipsjax.runtime import credentials
+
+    spec.write(tmp_path / "spec.json")
+    got = prepare(tmp_path / "spec.json", host="nodeA", standby_host="nodeB")
+    assert got.leader == "nodeA:5000" and got.standby == "nodeB:5001"
+    assert got.followers == ("nodeA:6000",)
+    cert = credentials.load(got.credentials)
+    assert cert is not None
+    from cryptography import x509
+
+    pem = x509.load_pem_x509_certificate((tmp_path / "credentials" / "cert.pem").read_bytes())
+    sans = pem.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {"nodeA", "nodeB"} <= set(sans.get_values_for_type(x509.DNSName))

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -175,3 +176,43 @@ def test_status_tries_again_when_the_leader_is_momentarily_unavailable(tmp_path)
         client.close()
     finally:
         server.stop(0)
+
+
+def test_status_names_the_active_leader_and_the_age_of_its_lease(tmp_path, capsys):
+    """With a standby (issue 22): which leader is active (epoch, address, process) and how
+    long ago its lease was renewed; after the active one is killed, the standby that took
+    over, asked at the same two addresses."""
+    from dipsjax.launch.run import free_port
+    from dipsjax.runtime import lease
+
+    run_dir = tmp_path / "run"
+    spec = make_spec(SimConfig(learners=1, followers=1, token_budget=10_000), run_dir)
+    spec = dataclasses.replace(spec, standby=f"127.0.0.1:{free_port()}", leader_lease=1.0)
+    spec.write(run_dir / "spec.json")
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    base = [sys.executable, "-m", "dipsjax.runtime.leader", str(run_dir / "spec.json")]
+    first = subprocess.Popen(base, env=env)
+    second = subprocess.Popen([*base, "--standby", "--listen-on", "standby"], env=env)
+    try:
+        assert status_cmd.main([str(run_dir), "--json", "--timeout", "30"]) == 0
+        st = json.loads(capsys.readouterr().out)
+        assert st["leader"]["epoch"] == 1 and st["leader"]["address"] == spec.leader
+        assert st["leader"]["standby"] == spec.standby
+        assert st["lease"]["epoch"] == 1 and 0 <= st["lease"]["age"] < 1.0
+        assert status_cmd.main([str(run_dir), "--once", "--timeout", "30"]) == 0
+        out = capsys.readouterr().out
+        assert f"leader: epoch 1 at {spec.leader}" in out and "lease renewed" in out
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        deadline = time.monotonic() + 30
+        while lease.newest_epoch(run_dir) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status_cmd.main([str(run_dir), "--json", "--timeout", "30"]) == 0
+        st = json.loads(capsys.readouterr().out)
+        assert st["leader"]["epoch"] == 2 and st["leader"]["address"] == spec.standby
+        assert "standby@" in st["leader"]["holder"] and st["lease"]["epoch"] == 2
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(30)

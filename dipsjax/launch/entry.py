@@ -89,7 +89,9 @@ def start_args(
     if role == "standby":  # follows the lease; resumes from the snapshot when it takes over
         return ["--standby", "--listen-on", "standby"]
     if role == "leader":
-        if standby and (restart or (run_dir / "lease").is_dir()):
+        from dipsjax.runtime.lease import newest_epoch
+
+        if standby and newest_epoch(run_dir) >= 1:
             return ["--standby"]  # the standby may have taken over: this one stands by now
         if not (run_dir / "leader" / "snapshot.json").exists():
             return []

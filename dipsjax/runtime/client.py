@@ -287,9 +287,16 @@ class ControlClient:
         with self._swap:
             if self.channel is not channel:
                 return  # another thread started a new one already
-            self.channel = control_channel(self.spec)
-            self.stub = syncer_pb2_grpc.SyncerStub(self.channel)
-        channel.close()
+            new = control_channel(self.spec)
+            self.stub = syncer_pb2_grpc.SyncerStub(new)
+            self.channel = new
+        # The watch stream ends (its reader rejoins, through the new channel); calls in
+        # flight on the old channel finish or time out by themselves (a push the leader
+        # took is answered, and counted), then the old channel is closed.
+        self.cut()
+        closer = threading.Timer(60.0, channel.close)
+        closer.daemon = True
+        closer.start()
 
     def cut(self) -> None:
         """Ends the open watch stream (its reader gets an ``RpcError``: CANCELLED)."""

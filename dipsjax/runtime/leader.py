@@ -199,6 +199,7 @@ class LeaderNode:
         *,
         epoch: int | None = None,
         address: str | None = None,
+        held: lease.Lease | None = None,
     ) -> None:
         self.spec = spec
         self.address = address or spec.leader
@@ -233,18 +234,20 @@ class LeaderNode:
         # is also this leader's fencing token, claimed in RUN_DIR/lease (a standby that
         # took over claimed it before it restored: ``epoch``).
         role = "standby" if self.address != spec.leader else "leader"
-        holder = lease.holder_name(role)
-        if epoch is None:
-            epoch = lease.claim_next(spec.run_dir, holder)
-        self.epoch = epoch
-        self.lease = lease.Lease(spec.run_dir, epoch, holder, self.address)
+        if held is None:
+            holder = lease.holder_name(role)
+            if epoch is None:
+                epoch = lease.claim_next(spec.run_dir, holder)
+            held = lease.Lease(spec.run_dir, epoch, holder, self.address)
+        self.epoch = held.epoch
+        self.lease = held
         self.deposed = False
         self.numbered: Counter[tuple[str, int]] = Counter()
         self.outbox: dict[tuple[str, int], list] = defaultdict(list)
         self.routed_to: dict[tuple[str, int], list[int]] = defaultdict(list)
         self.t0 = time.monotonic()
         self.dir = Path(spec.run_dir)
-        status = self.dir / "leader" / "status.json"
+        status = lease.snapshot_dir(self.dir) / "status.json"
         if resumed and status.exists():  # resumed: the clock goes on
             self.t0 -= float(json.loads(status.read_text())["t"])
         (self.dir / "leader").mkdir(parents=True, exist_ok=True)
@@ -273,7 +276,7 @@ class LeaderNode:
             ),
             None,
         )
-        snap = self.dir / "leader" / "snapshot.json"
+        snap = lease.snapshot_dir(self.dir) / "snapshot.json"
         if resumed and snap.exists():
             saved = json.loads(snap.read_text())
             self.refused.update(saved.get("transport_refused", {}))
@@ -281,6 +284,12 @@ class LeaderNode:
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    def close(self) -> None:
+        """Its files and writer closed (a deposed leader that stands by again)."""
+        self.tape_file.close()
+        os.close(self.dir_fd)
+        self.tb.close()
 
     def handle(self, event: m.Event) -> list[m.Action]:
         """One event through the core; routes and persists what it produced."""
@@ -311,6 +320,12 @@ class LeaderNode:
             os._exit(70)  # EX_SOFTWARE; from a gRPC handler thread, sys.exit would not do
         if self.lease.deposed():  # after the write: a standby that read it has it
             self.depose("a newer epoch was claimed")
+            return []
+        # A lease old by its own clock (it was paused, say) is renewed first, which finds
+        # out whether a standby took over meanwhile.
+        stale = self.spec.standby and not self.lease.fresh(self.spec.leader_lease)
+        if stale and not self.lease.renew(stopped=self.leader.stopped):
+            self.depose("a newer epoch was claimed while its lease was old")
             return []
         replies = []
         for a in actions:
@@ -451,6 +466,8 @@ class LeaderNode:
         if records:
             self.tape_file.writelines(json.dumps(r, allow_nan=False) + "\n" for r in records)
             self.tape_file.flush()
+            if self.spec.standby:  # on the disk the standby reads (a network filesystem)
+                os.fsync(self.tape_file.fileno())
             self.taped += len(records)
         state = self.leader.snapshot()
         state["tape_records"] = len(self.leader.tape.records)  # the tape this state follows
@@ -959,6 +976,11 @@ def restored(spec: RunSpec) -> Leader:
     if tape_path.exists():
         n = state.get("tape_records")
         lines = tape_path.read_text().splitlines(keepends=True)
+        if n is not None and len(lines) < n:
+            raise ValueError(
+                f"{tape_path} holds {len(lines)} records, fewer than the {n} its snapshot "
+                f"{snap} follows: a tape cut short (not yet on this host's disk?); not resumed"
+            )
         if n is not None and len(lines) > n:
             # Records of an event after the snapshot (killed in between; the last line may
             # be torn): cut back, so that the tape is the one the snapshot follows.
@@ -1019,13 +1041,18 @@ async def serve(
     alone: bool = False,
     *,
     address: str | None = None,
-    epoch: int | None = None,
+    held: lease.Lease | None = None,
+    renewing: Any = None,
 ) -> int:
     address = address or spec.leader
-    node = LeaderNode(spec, restored(spec) if resume else None, epoch=epoch, address=address)
+    try:
+        node = LeaderNode(spec, restored(spec) if resume else None, address=address, held=held)
+    finally:
+        if renewing is not None:
+            renewing.set()  # its own renewals take over (below)
     node.loop = asyncio.get_running_loop()
-    if spec.standby:
-        node.lease.renew()  # before it listens: a standby sees the lease held at once
+    if spec.standby and not node.lease.renew():  # before it listens: seen held at once
+        node.depose("a newer epoch was claimed before it listened")
     if resume:
         node.carry_out(node.leader.resume(node.now(), reopen=reopen, alone=alone))
     refusals = RefusalLog(REFUSAL_LOG_INTERVAL, emit=log.warning, prefix="")
@@ -1106,6 +1133,7 @@ async def serve(
     await server.stop(grace=2.0)
     if not node.deposed:
         write_cpu_seconds(Path(spec.run_dir) / "leader" / "cpu.json")
+    node.close()
     log.info("stopped")
     return DEPOSED if node.deposed else 0
 
@@ -1118,10 +1146,18 @@ async def run_standby(spec: RunSpec, address: str) -> int:
     if epoch is None:
         return 0
     t0 = time.monotonic()
-    lease.takeover(spec.run_dir, epoch)
-    resume = (lease.snapshot_dir(spec.run_dir) / "snapshot.json").exists()
-    log.info("took the run folder over in %.3f s", time.monotonic() - t0)
-    return await serve(spec, resume, alone=resume, address=address, epoch=epoch)
+    role = "standby" if address != spec.leader else "leader"
+    held = lease.Lease(spec.run_dir, epoch, lease.holder_name(role), address)
+    held.renew()  # the new epoch's lease at once, and renewed while it restores
+    renewing = held.keep_renewing(spec.leader_lease / 4)
+    try:
+        lease.takeover(spec.run_dir, epoch)
+        resume = (lease.snapshot_dir(spec.run_dir) / "snapshot.json").exists()
+        log.info("took the run folder over in %.3f s", time.monotonic() - t0)
+    except BaseException:
+        renewing.set()
+        raise
+    return await serve(spec, resume, alone=resume, address=address, held=held, renewing=renewing)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1161,11 +1197,18 @@ def main(argv: list[str] | None = None) -> int:
     if (args.standby or args.listen_on == "standby") and not spec.standby:
         parser.error("--standby, --listen-on standby: the run's spec names no standby leader")
     address = spec.standby if args.listen_on == "standby" else spec.leader
+    if args.standby and args.resume:
+        parser.error("--standby resumes by itself when it takes over: no --resume")
     if args.standby:
-        if args.resume:
-            parser.error("--standby resumes by itself when it takes over: no --resume")
-        return asyncio.run(run_standby(spec, address))
-    return asyncio.run(serve(spec, args.resume, args.reopen, args.alone, address=address))
+        rc = asyncio.run(run_standby(spec, address))
+    else:
+        rc = asyncio.run(serve(spec, args.resume, args.reopen, args.alone, address=address))
+    while rc == DEPOSED and spec.standby:
+        # Deposed by the standby: this process stands by in its turn (no restart, which a
+        # cluster would count as a failure).
+        log.info("standing by again")
+        rc = asyncio.run(run_standby(spec, address))
+    return rc
 
 
 if __name__ == "__main__":

@@ -96,14 +96,22 @@ class Lease:
     def __init__(self, run_dir: str | Path, epoch: int, holder: str, address: str) -> None:
         self.run_dir, self.epoch, self.holder, self.address = Path(run_dir), epoch, holder, address
         self.renewals = 0
+        self.renewed_at = -float("inf")  # monotonic
         self._deposed = False
 
     def deposed(self) -> bool:
-        """Whether a newer epoch has been claimed (once so, always so). A stat of one file:
-        cheap enough to check before every action leaves."""
+        """Whether a newer epoch has been claimed (once so, always so): a listing of the
+        lease folder (not a ``stat`` of one name, which a network filesystem may answer
+        from its cache of names that were not there), cheap enough before every action."""
         if not self._deposed:
-            self._deposed = epoch_path(self.run_dir, self.epoch + 1).exists()
+            self._deposed = newest_epoch(self.run_dir) > self.epoch
         return self._deposed
+
+    def fresh(self, lease_s: float) -> bool:
+        """Whether this leader renewed its lease less than half a lease ago by its own
+        clock: one that did not (paused, or its disk slow) renews before it decides, and
+        finds out then whether it was deposed meanwhile."""
+        return time.monotonic() - self.renewed_at < lease_s / 2
 
     def renew(self, stopped: bool = False) -> bool:
         """Writes the lease anew (False, writing nothing: deposed). ``stopped``: the job
@@ -120,7 +128,23 @@ class Lease:
             "stopped": stopped,
         }
         write_json(lease_dir(self.run_dir) / "lease.json", doc)
+        self.renewed_at = time.monotonic()
         return True
+
+    def keep_renewing(self, every: float) -> Any:
+        """Renews from a thread every ``every`` seconds until the returned event is set (a
+        standby that took over, while it restores: another standby must not see the new
+        epoch's lease lapse meanwhile)."""
+        import threading
+
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(every) and self.renew():
+                pass
+
+        threading.Thread(target=loop, daemon=True, name="lease-renewal").start()
+        return done
 
 
 @dataclasses.dataclass

@@ -143,3 +143,32 @@ def test_what_a_deposed_leader_writes_lands_in_its_moved_folder(tmp_path):
     assert restored(spec).members.keys() == new.leader.members.keys()
     assert restored(spec).version == new.leader.version
     assert (moved / "snapshot.json").read_text() != snap  # the old one's last write
+
+
+def test_a_leader_restarted_before_any_epoch_was_claimed_starts_as_the_leader(tmp_path):
+    """Found in review: a leader that died before it claimed epoch 1 was started again as a
+    standby, and the standby waits for an epoch to lapse: no leader, ever. It starts as
+    the leader until an epoch was claimed, and stands by once one was."""
+    from dipsjax.launch.entry import start_args
+
+    assert start_args("leader", 0, tmp_path, restart=True, standby=True) == []
+    lease.claim_next(tmp_path, "leader")
+    assert start_args("leader", 0, tmp_path, restart=True, standby=True) == ["--standby"]
+    assert start_args("standby", 0, tmp_path, standby=True)[:1] == ["--standby"]
+    assert start_args("leader", 0, tmp_path, restart=True, standby=False) == []  # no snapshot
+
+
+def test_a_tape_shorter_than_its_snapshot_says_is_refused_by_name(tmp_path):
+    """Found in review: a standby on another host may read a tape whose newest records have
+    not reached its disk yet; resuming from it would go on after a gap (a tape that no
+    longer replays). The leader fsyncs its tape when there is a standby, and a resume
+    refuses such a tape, naming it."""
+    spec = _spec(tmp_path)
+    node = LeaderNode(spec)
+    _pushing(node)
+    tape = tmp_path / "run" / "tape.jsonl"
+    lines = tape.read_text().splitlines(keepends=True)
+    assert len(lines) >= 2
+    tape.write_text("".join(lines[:-1]))
+    with pytest.raises(ValueError, match=r"tape.jsonl holds .* fewer than"):
+        restored(spec)

@@ -193,6 +193,11 @@ class LocalCluster:
         # Who else hears the actions to the followers (the simulator's error feedback learns
         # from Decide, Apply and Discard how its learners' pushes ended).
         self.round_watch: Callable[[m.Action, float], None] | None = None
+        # No leader listens until this time (a standby taking over, issue 22): events sent
+        # meanwhile reach the new one when it listens, as a gRPC call waits for a channel
+        # to be ready; a chunk request is answered with none.
+        self.leader_away_until = float("-inf")
+        self.held_events: list[m.Event] = []
 
     # -- the leader ------------------------------------------------------------------
 
@@ -200,6 +205,10 @@ class LocalCluster:
         """Hands one event to the leader and carries out its actions (with
         :attr:`follower_heartbeats`, a ``Tick`` comes after the heartbeats of the followers
         whose processes run and are not hung)."""
+        if event.t < self.leader_away_until:
+            if not isinstance(event, m.Tick):  # (the new leader's own timers tick it)
+                self.held_events.append(event)
+            return []
         if self.follower_heartbeats and isinstance(event, m.Tick):
             for k in range(len(self.followers)):
                 if k not in self.down and k not in self.exits and event.t >= self.hung_until[k]:
@@ -210,6 +219,8 @@ class LocalCluster:
 
     def lease(self, learner: int) -> tuple[int, int, int] | None:
         """A learner's chunk request, answered at once (the control plane's round trip)."""
+        if self.clock.now < self.leader_away_until:
+            return None  # no leader to ask: no chunk now
         for a in self.feed(m.ChunkRequested(self.clock.now, learner)):
             if isinstance(a, m.GrantChunk) and a.learner == learner:
                 return a.piece

@@ -33,6 +33,13 @@ keep no checkpoints):
   :meth:`~dipsjax.syncer.leader.Leader.resume` (the runtime's ``--resume``): what was on its
   way to it is lost, every follower rejoins through its protocol (``Follower.leader_lost``),
   every learner sees its control stream break.
+* :class:`Takeover`: the active leader's host lost (issue 22): a standby takes over once
+  the lease lapses (``lease`` seconds later; later if the standby itself is down), restored
+  from the snapshot the old one last wrote and resumed as a leader restarted alone. No
+  leader listens meanwhile: what is sent to one waits until the new one listens, chunk
+  requests get none, every stream broke at the loss.
+* :class:`StandbyKill`: the standby's process dies; the launcher starts it again
+  ``back_after`` seconds later (a takeover meanwhile waits for it).
 
 """
 
@@ -182,18 +189,67 @@ class RestartLeader(Fault):
         t, cluster = engine.clock.now, engine.cluster
         snap = json.loads(json.dumps(engine.leader.snapshot(), allow_nan=False))
         engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the dead leader
+        if cluster.leader_away_until > t:
+            return  # no leader process to restart: a takeover is under way
         leader = Leader.restore(snap, tape=engine.leader.tape)
         cluster.leader = leader
         cluster.execute(leader.resume(t, alone=True), t)  # its peers are up
-        for k, f in enumerate(cluster.followers):  # their streams broke: the protocol rejoins
-            if cluster.is_down(k):
-                continue  # a dead one joins when its new process starts
-            for c in f.leader_lost(t, "the leader restarted"):
-                if isinstance(c, m.Send):
-                    cluster.feed(dataclasses.replace(c.event, t=t))
-        for sl in list(engine.learners):
-            if sl.alive:
-                engine.carry_out(sl, sl.proto.on_leader_lost(t), t)
+        _streams_break(engine, t, "the leader restarted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Takeover(Fault):
+    lease: float = 3.0
+
+    def strike(self, engine: Any) -> None:
+        t, cluster = engine.clock.now, engine.cluster
+        if cluster.leader_away_until > t:
+            return  # no leader to lose: a takeover is under way
+        # What the lost leader last wrote (it writes before any action leaves).
+        snap = json.loads(json.dumps(engine.leader.snapshot(), allow_nan=False))
+        tape = engine.leader.tape
+        engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the lost leader
+        back = max(t + self.lease, getattr(engine, "standby_down_until", t) + self.lease)
+        cluster.leader_away_until = back
+        _streams_break(engine, t, "the leader's host was lost")
+        engine.clock.at(back, _take_over, engine, snap, tape)
+
+
+@dataclasses.dataclass(frozen=True)
+class StandbyKill(Fault):
+    back_after: float = 1.0
+
+    def strike(self, engine: Any) -> None:
+        t = engine.clock.now
+        was = getattr(engine, "standby_down_until", t)
+        engine.standby_down_until = max(was, t + self.back_after)
+
+
+def _streams_break(engine: Any, t: float, why: str) -> None:
+    """Every follower's and learner's control stream breaks at ``t``: their protocols
+    rejoin (a follower down now joins when its new process starts)."""
+    cluster = engine.cluster
+    for k, f in enumerate(cluster.followers):
+        if cluster.is_down(k):
+            continue
+        for c in f.leader_lost(t, why):
+            if isinstance(c, m.Send):
+                cluster.feed(dataclasses.replace(c.event, t=t))
+    for sl in list(engine.learners):
+        if sl.alive:
+            engine.carry_out(sl, sl.proto.on_leader_lost(t), t)
+
+
+def _take_over(engine: Any, snap: dict, tape: Any) -> None:
+    """The standby listens: restored, resumed alone, then given what waited for it."""
+    t, cluster = engine.clock.now, engine.cluster
+    leader = Leader.restore(snap, tape=tape)
+    cluster.leader = leader
+    cluster.leader_away_until = float("-inf")
+    cluster.execute(leader.resume(t, alone=True), t)
+    held, cluster.held_events = cluster.held_events, []
+    for event in held:
+        cluster.feed(dataclasses.replace(event, t=t))
 
 
 class FaultClock(Clock):

@@ -3,8 +3,9 @@ method, on a toy world (:mod:`tests.sim.toy_world`: real leader, followers, chun
 batch streams; two tiny tensors trained by NumPy arithmetic).
 
 A schedule kills, hangs, restarts, cuts the control stream of, or makes leave, any learner;
-cuts the control stream of, hangs, or kills and restarts from its disk any follower; and
-replaces or restarts the leader; before any event of the run, several at once or the same
+cuts the control stream of, hangs, or kills and restarts from its disk any follower;
+replaces or restarts the leader, loses its host (a standby takes over once the lease
+lapses) or kills the standby; before any event of the run, several at once or the same
 role twice quickly (:mod:`dipsjax.sim.faults`). After each run:
 
 * it ends (bounded), at its token budget, or without one only if every learner left for
@@ -51,6 +52,8 @@ from dipsjax.sim.faults import (
     Leave,
     RestartLeader,
     RestoreLeader,
+    StandbyKill,
+    Takeover,
 )
 from dipsjax.sim.replay import tree_equal
 from dipsjax.syncer.follower import Follower
@@ -203,6 +206,9 @@ def fault(at):
         st.builds(Cut, at=at, learner=learner),
         st.builds(RestoreLeader, at=at),
         st.builds(RestartLeader, at=at),
+        # The standby (issue 22): the active leader's host lost, or the standby's process.
+        st.builds(Takeover, at=at, lease=st.sampled_from([0.5, 3.0, 8.0])),
+        st.builds(StandbyKill, at=at, back_after=st.sampled_from([0.5, 4.0])),
     )
 
 
@@ -319,6 +325,41 @@ def test_random_follower_kill_schedules_with_checkpoints_every_3_versions(
     # Each restart redid the steps since the newest multiple of 3 (the sim's checkpoints
     # are written when asked for): no more, no fewer.
     assert redone == [version % 3 for _, _, version, _ in engine.cluster.restored], redone
+
+
+@st.composite
+def takeover_schedules(draw):
+    """The active leader's host lost at any event (issue 22), among 0-3 faults of any role
+    close to it or anywhere: another takeover, the standby killed, the leader restarted."""
+    lost = draw(st.builds(Takeover, at=st.integers(0, MAX_AT), lease=st.sampled_from([0.5, 3.0])))
+    near = st.integers(max(lost.at - 3, 0), lost.at + 3)
+    n = draw(st.integers(0, 3))
+    others = [draw(any_fault(st.one_of(near, st.integers(0, MAX_AT)))) for _ in range(n)]
+    return tuple(sorted([lost, *others], key=lambda f: f.at))
+
+
+@pytest.mark.parametrize("method,overlap", METHODS)
+@settings(max_examples=6, **SETTINGS)
+@given(schedule=takeover_schedules())
+def test_random_takeover_schedules(method, overlap, schedule):
+    """A standby takes over at any event, alone or among faults of any role (the standby
+    itself included); the run keeps every invariant and replays from its tape, written by
+    both leaders in turn."""
+    engine, _ = check(method, overlap, schedule)
+    lost = [t for _, t, f in engine.clock.struck if isinstance(f, Takeover)]
+    resumes = [r["t"] for r in engine.leader.tape.records if r["kind"] == "resume"]
+    if lost:  # struck before the run ended: a standby resumed after it
+        assert any(t >= lost[0] for t in resumes), (lost, resumes)
+
+
+def test_a_takeover_waits_for_a_standby_that_is_down():
+    """The standby killed just before the leader's host is lost: no leader listens until
+    the standby is back and the lease lapsed; what was sent meanwhile reaches the new one."""
+    schedule = (StandbyKill(at=100, back_after=4.0), Takeover(at=101, lease=3.0))
+    engine, _ = check("dips", False, schedule)
+    (killed, _), (lost, _) = [(t, f) for _, t, f in engine.clock.struck]
+    (resume,) = [r["t"] for r in engine.leader.tape.records if r["kind"] == "resume"]
+    assert resume == pytest.approx(killed + 4.0 + 3.0) and resume - lost > 3.0
 
 
 def test_kills_between_checkpoints_redo_the_steps_since():

@@ -964,8 +964,10 @@ def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
     ]
 
 
-def restored(spec: RunSpec) -> Leader:
-    """The leader of ``spec``'s run from its snapshot and tape (``--resume``)."""
+def restored(spec: RunSpec, records: list[dict] | None = None) -> Leader:
+    """The leader of ``spec``'s run from its snapshot and tape (``--resume``); ``records``:
+    the tape's records as a standby followed them (``lease.TapeFollower``), else the tape
+    file is read whole."""
     run_dir = Path(spec.run_dir)
     snap = lease.snapshot_dir(run_dir) / "snapshot.json"
     if not snap.exists():
@@ -973,8 +975,15 @@ def restored(spec: RunSpec) -> Leader:
     tape_path = run_dir / "tape.jsonl"
     state = json.loads(snap.read_text())
     tape = None
+    n = state.get("tape_records")
+    if records is not None and n is not None and len(records) >= n:
+        if len(records) > n:  # records past the snapshot's: cut back, as below
+            lines = tape_path.read_text().splitlines(keepends=True)
+            tmp = tape_path.with_suffix(".tmp")
+            tmp.write_text("".join(lines[:n]))
+            os.replace(tmp, tape_path)
+        return Leader.restore(state, tape=EventTape(records[:n]))
     if tape_path.exists():
-        n = state.get("tape_records")
         lines = tape_path.read_text().splitlines(keepends=True)
         if n is not None and len(lines) < n:
             raise ValueError(
@@ -991,13 +1000,15 @@ def restored(spec: RunSpec) -> Leader:
     return Leader.restore(state, tape=tape)
 
 
-async def stand_by(spec: RunSpec, address: str) -> int | None:
+async def stand_by(spec: RunSpec, address: str, tape: lease.TapeFollower) -> int | None:
     """A standby: follows the active leader's lease until it lapses, then claims the next
-    epoch and returns it (None: the job stopped, or SIGTERM, first). The snapshot and tape
-    are read only at the takeover: they are small, and the run folder always holds the
-    newest (each written before any action leaves)."""
+    epoch and returns it (None: the job stopped, or SIGTERM, first). Meanwhile it reads the
+    tape as it is written (``tape``, each second), so that the takeover parses only its
+    newest records; the snapshot is small, and read at the takeover."""
     run_dir = Path(spec.run_dir)
     follow = lease.Follow(run_dir, spec.leader_lease)
+    tape.poll()
+    last_read = time.monotonic()
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -1026,6 +1037,9 @@ async def stand_by(spec: RunSpec, address: str) -> int | None:
                     newest + 1,
                 )
                 return newest + 1
+            if time.monotonic() - last_read > 1.0:  # the tape, as it is written
+                tape.poll()
+                last_read = time.monotonic()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(done.wait(), poll)
     finally:
@@ -1043,10 +1057,12 @@ async def serve(
     address: str | None = None,
     held: lease.Lease | None = None,
     renewing: Any = None,
+    records: list[dict] | None = None,
 ) -> int:
     address = address or spec.leader
     try:
-        node = LeaderNode(spec, restored(spec) if resume else None, address=address, held=held)
+        leader = restored(spec, records) if resume else None
+        node = LeaderNode(spec, leader, address=address, held=held)
     finally:
         if renewing is not None:
             renewing.set()  # its own renewals take over (below)
@@ -1142,7 +1158,8 @@ async def run_standby(spec: RunSpec, address: str) -> int:
     """``--standby``: waits for the lease to lapse (:func:`stand_by`), takes the run folder
     over (:func:`lease.takeover`) and serves on ``address``, resumed from the snapshot and
     tape, its peers up (``alone``)."""
-    epoch = await stand_by(spec, address)
+    tape = lease.TapeFollower(Path(spec.run_dir) / "tape.jsonl")
+    epoch = await stand_by(spec, address, tape)
     if epoch is None:
         return 0
     t0 = time.monotonic()
@@ -1151,13 +1168,24 @@ async def run_standby(spec: RunSpec, address: str) -> int:
     held.renew()  # the new epoch's lease at once, and renewed while it restores
     renewing = held.keep_renewing(spec.leader_lease / 4)
     try:
-        lease.takeover(spec.run_dir, epoch)
+        _, ino = lease.takeover(spec.run_dir, epoch)
         resume = (lease.snapshot_dir(spec.run_dir) / "snapshot.json").exists()
-        log.info("took the run folder over in %.3f s", time.monotonic() - t0)
+        followed = len(tape.records)
+        records = tape.caught_up(Path(spec.run_dir) / "tape.jsonl", ino) if resume else None
+        how = "read whole" if records is None else f"{followed} records followed"
+        log.info("took the run folder over in %.3f s (tape: %s)", time.monotonic() - t0, how)
     except BaseException:
         renewing.set()
         raise
-    return await serve(spec, resume, alone=resume, address=address, held=held, renewing=renewing)
+    return await serve(
+        spec,
+        resume,
+        alone=resume,
+        address=address,
+        held=held,
+        renewing=renewing,
+        records=records,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

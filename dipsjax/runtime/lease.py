@@ -176,18 +176,64 @@ class Follow:
         return (time.monotonic() if now is None else now) - self.since
 
 
-def takeover(run_dir: str | Path, epoch: int) -> Path | None:
+class TapeFollower:
+    """The standby's copy of the tape, read as the active leader writes it (whole lines,
+    each parsed once), so that a takeover reads only what was written since its last
+    :meth:`poll`. A tape whose file was replaced (a cut-back, another takeover's copy) is
+    read again from its start."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.ino: int | None = None
+        self.offset = 0
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            ino = st.st_ino
+            if ino != self.ino or st.st_size < self.offset:  # replaced, or cut
+                self.ino, self.offset, self.records = ino, 0, []
+            fh.seek(self.offset)
+            self._take(fh.read())
+
+    def _take(self, data: bytes) -> None:
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        for line in data[:end].split(b"\n"):
+            self.records.append(json.loads(line))
+        self.offset += end + 1
+
+    def caught_up(self, path: str | Path, ino: int | None) -> list[dict[str, Any]] | None:
+        """The records of ``path``, a copy of the tape file ``ino`` (the one the takeover
+        copied): what was followed, plus what the copy holds past it; None if the file
+        followed was another (the caller reads the copy whole)."""
+        if ino is None or ino != self.ino:
+            return None
+        with open(path, "rb") as fh:
+            fh.seek(self.offset)
+            self._take(fh.read())
+        return list(self.records)
+
+
+def takeover(run_dir: str | Path, epoch: int) -> tuple[Path | None, int | None]:
     """Makes the run folder the new leader's (epoch ``epoch``, claimed): the deposed
     leader's folder ``RUN_DIR/leader`` moves to ``RUN_DIR/leader.epoch-E`` (E: its epoch),
     and a fresh ``RUN_DIR/leader`` gets copies of its snapshot and status (new files); the
     tape is copied to a new file in its place. The old leader writes its folder through a
     descriptor it opened at its start, and its tape through another: whatever it writes
     after this lands in the moved folder and the old tape's file, never in the new
-    leader's. Returns the moved folder (None: there was no leader folder)."""
+    leader's. Returns the moved folder (None: there was no leader folder) and the inode of
+    the tape file copied (None: no tape), for :meth:`TapeFollower.caught_up`."""
     run_dir = Path(run_dir)
     live = run_dir / "leader"
     if not live.is_dir():
-        return None
+        return None, None
     moved = run_dir / f"leader.{EPOCH_PREFIX}{epoch - 1:08d}"
     if moved.exists():  # a takeover that died half-way: keep what it moved
         moved = run_dir / f"leader.{EPOCH_PREFIX}{epoch - 1:08d}.{os.getpid()}"
@@ -197,11 +243,14 @@ def takeover(run_dir: str | Path, epoch: int) -> Path | None:
         if (moved / name).exists():
             shutil.copyfile(moved / name, live / name)
     tape = run_dir / "tape.jsonl"
+    ino = None
     if tape.exists():
         tmp = run_dir / "tape.jsonl.takeover"
-        shutil.copyfile(tape, tmp)
+        with open(tape, "rb") as src, open(tmp, "wb") as dst:
+            ino = os.fstat(src.fileno()).st_ino
+            shutil.copyfileobj(src, dst)
         os.replace(tmp, tape)
-    return moved
+    return moved, ino
 
 
 def snapshot_dir(run_dir: str | Path) -> Path:

@@ -127,7 +127,7 @@ def test_what_a_deposed_leader_writes_lands_in_its_moved_folder(tmp_path):
     tape_before = (tmp_path / "run" / "tape.jsonl").read_text()
     epoch = old.epoch + 1
     assert lease.claim(spec.run_dir, epoch, "standby")
-    moved = lease.takeover(spec.run_dir, epoch)
+    moved, _ = lease.takeover(spec.run_dir, epoch)
     assert moved.name == f"leader.epoch-{old.epoch:08d}"
     new = LeaderNode(spec, restored(spec), epoch=epoch, address=spec.leader)
     assert new.leader.members.keys() == old.leader.members.keys()
@@ -172,3 +172,44 @@ def test_a_tape_shorter_than_its_snapshot_says_is_refused_by_name(tmp_path):
     tape.write_text("".join(lines[:-1]))
     with pytest.raises(ValueError, match=r"tape.jsonl holds .* fewer than"):
         restored(spec)
+
+
+def test_the_standby_follows_the_tape_as_it_is_written_and_reads_only_the_rest(tmp_path):
+    """Each record is parsed once while standing by (whole lines only: one being written
+    waits); the takeover reads only what the copy holds past what was followed, and
+    restores the leader a whole read restores."""
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": ')
+    f = lease.TapeFollower(path)
+    f.poll()
+    assert f.records == [{"a": 1}, {"a": 2}]
+    with path.open("a") as fh:
+        fh.write('3}\n{"a": 4}\n')
+    f.poll()
+    assert [r["a"] for r in f.records] == [1, 2, 3, 4]
+    tmp = tmp_path / "t.tmp"
+    tmp.write_text('{"b": 1}\n')
+    tmp.replace(path)  # replaced (a cut-back): read again from its start
+    f.poll()
+    assert f.records == [{"b": 1}]
+    path.write_text("")  # cut in place
+    f.poll()
+    assert f.records == []
+
+    spec = _spec(tmp_path)
+    old = LeaderNode(spec)
+    follower = lease.TapeFollower(tmp_path / "run" / "tape.jsonl")
+    _pushing(old)
+    follower.poll()
+    seen = len(follower.records)
+    assert seen == len(old.leader.tape.records) > 0
+    old.carry_out(old.leader.handle(m.Join(1.0, 1)))  # learner 1: a record more
+    assert len(old.leader.tape.records) > seen  # written after the standby's last read
+    assert lease.claim(spec.run_dir, old.epoch + 1, "standby")
+    _, ino = lease.takeover(spec.run_dir, old.epoch + 1)
+    records = follower.caught_up(tmp_path / "run" / "tape.jsonl", ino)
+    assert records == old.leader.tape.records
+    got, whole = restored(spec, records), restored(spec)
+    assert got.snapshot() == whole.snapshot() and got.tape.records == whole.tape.records
+    other = lease.TapeFollower(tmp_path / "run" / "tape.jsonl")
+    assert other.caught_up(tmp_path / "run" / "tape.jsonl", ino) is None  # never followed

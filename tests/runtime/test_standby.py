@@ -85,6 +85,7 @@ def test_the_active_leader_killed_for_good_the_standby_takes_over_within_its_lea
     assert len(resumes) == 1, resumes
     log = (run / "logs" / "standby.log").read_text()
     assert "taking over as epoch 2" in log
+    assert "records followed" in log  # it read the tape as it was written, not at the end
     # The old leader's folder was moved aside whole; the live one is the standby's.
     assert (run / "leader.epoch-00000001" / "snapshot.json").exists()
 

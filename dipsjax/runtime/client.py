@@ -265,6 +265,7 @@ class ControlClient:
         req = syncer_pb2.WatchRequest(incarnation=incarnation, acked=seen, epoch=epoch, **self.peer)
         channel, stub = self.channel, self.stub
         self.stream = stub.Watch(req, wait_for_ready=True, metadata=self.metadata)
+        self.stream_channel = channel
         try:
             for env in self.stream:
                 if self.delivery.take(env):
@@ -293,7 +294,8 @@ class ControlClient:
         # The watch stream ends (its reader rejoins, through the new channel); calls in
         # flight on the old channel finish or time out by themselves (a push the leader
         # took is answered, and counted), then the old channel is closed.
-        self.cut()
+        if getattr(self, "stream_channel", None) is channel:
+            self.cut()  # (a stream the watcher opened on the new channel stays)
         closer = threading.Timer(60.0, channel.close)
         closer.daemon = True
         closer.start()

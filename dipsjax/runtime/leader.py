@@ -964,10 +964,12 @@ def server_options(heartbeat_interval: float) -> list[tuple[str, int]]:
     ]
 
 
-def restored(spec: RunSpec, records: list[dict] | None = None) -> Leader:
+def restored(
+    spec: RunSpec, records: list[dict] | None = None, ends: list[int] | None = None
+) -> Leader:
     """The leader of ``spec``'s run from its snapshot and tape (``--resume``); ``records``:
-    the tape's records as a standby followed them (``lease.TapeFollower``), else the tape
-    file is read whole."""
+    the tape's records as a standby followed them (``lease.TapeFollower``) and each one's
+    end in the file (``ends``), else the tape file is read whole."""
     run_dir = Path(spec.run_dir)
     snap = lease.snapshot_dir(run_dir) / "snapshot.json"
     if not snap.exists():
@@ -976,12 +978,12 @@ def restored(spec: RunSpec, records: list[dict] | None = None) -> Leader:
     state = json.loads(snap.read_text())
     tape = None
     n = state.get("tape_records")
-    if records is not None and n is not None and len(records) >= n:
-        if len(records) > n:  # records past the snapshot's: cut back, as below
-            lines = tape_path.read_text().splitlines(keepends=True)
-            tmp = tape_path.with_suffix(".tmp")
-            tmp.write_text("".join(lines[:n]))
-            os.replace(tmp, tape_path)
+    if records is not None and ends is not None and n is not None and len(records) >= n:
+        # Records past the snapshot's, or a line being written when the old leader died:
+        # cut back to the snapshot's, as below (this process's own copy of the tape).
+        keep = ends[n - 1] if n else 0
+        if tape_path.stat().st_size > keep:
+            os.truncate(tape_path, keep)
         return Leader.restore(state, tape=EventTape(records[:n]))
     if tape_path.exists():
         lines = tape_path.read_text().splitlines(keepends=True)
@@ -1058,14 +1060,15 @@ async def serve(
     held: lease.Lease | None = None,
     renewing: Any = None,
     records: list[dict] | None = None,
+    ends: list[int] | None = None,
 ) -> int:
     address = address or spec.leader
     try:
-        leader = restored(spec, records) if resume else None
+        leader = restored(spec, records, ends) if resume else None
         node = LeaderNode(spec, leader, address=address, held=held)
     finally:
         if renewing is not None:
-            renewing.set()  # its own renewals take over (below)
+            renewing()  # its own renewals take over (below), once that thread has ended
     node.loop = asyncio.get_running_loop()
     if spec.standby and not node.lease.renew():  # before it listens: seen held at once
         node.depose("a newer epoch was claimed before it listened")
@@ -1165,7 +1168,9 @@ async def run_standby(spec: RunSpec, address: str) -> int:
     t0 = time.monotonic()
     role = "standby" if address != spec.leader else "leader"
     held = lease.Lease(spec.run_dir, epoch, lease.holder_name(role), address)
-    held.renew()  # the new epoch's lease at once, and renewed while it restores
+    if not held.renew():  # the new epoch's lease at once, and renewed while it restores
+        log.warning("epoch %d was deposed before it took over: standing by", epoch)
+        return DEPOSED
     renewing = held.keep_renewing(spec.leader_lease / 4)
     try:
         _, ino = lease.takeover(spec.run_dir, epoch)
@@ -1175,7 +1180,7 @@ async def run_standby(spec: RunSpec, address: str) -> int:
         how = "read whole" if records is None else f"{followed} records followed"
         log.info("took the run folder over in %.3f s (tape: %s)", time.monotonic() - t0, how)
     except BaseException:
-        renewing.set()
+        renewing()
         raise
     return await serve(
         spec,
@@ -1185,6 +1190,7 @@ async def run_standby(spec: RunSpec, address: str) -> int:
         held=held,
         renewing=renewing,
         records=records,
+        ends=tape.ends if records is not None else None,
     )
 
 

@@ -27,11 +27,10 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
-
-from dipsjax.runtime.spec import write_json
 
 EPOCH_PREFIX = "epoch-"
 
@@ -97,6 +96,7 @@ class Lease:
         self.run_dir, self.epoch, self.holder, self.address = Path(run_dir), epoch, holder, address
         self.renewals = 0
         self.renewed_at = -float("inf")  # monotonic
+        self._lock = threading.Lock()
         self._deposed = False
 
     def deposed(self) -> bool:
@@ -116,35 +116,45 @@ class Lease:
     def renew(self, stopped: bool = False) -> bool:
         """Writes the lease anew (False, writing nothing: deposed). ``stopped``: the job
         has stopped, and a standby that reads it ends instead of taking over."""
-        if self.deposed():
-            return False
-        self.renewals += 1
-        doc = {
-            "epoch": self.epoch,
-            "holder": self.holder,
-            "address": self.address,
-            "renewals": self.renewals,
-            "t": time.time(),
-            "stopped": stopped,
-        }
-        write_json(lease_dir(self.run_dir) / "lease.json", doc)
-        self.renewed_at = time.monotonic()
-        return True
+        with self._lock:  # (the takeover's renewal thread, then the event loop)
+            if self.deposed():
+                return False
+            self.renewals += 1
+            doc = {
+                "epoch": self.epoch,
+                "holder": self.holder,
+                "address": self.address,
+                "renewals": self.renewals,
+                "t": time.time(),
+                "stopped": stopped,
+            }
+            # Through a temporary file of this process's own: another leader process
+            # renewing at the same moment never takes it away.
+            path = lease_dir(self.run_dir) / "lease.json"
+            tmp = path.with_name(f"lease.json.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+            self.renewed_at = time.monotonic()
+            return True
 
     def keep_renewing(self, every: float) -> Any:
-        """Renews from a thread every ``every`` seconds until the returned event is set (a
-        standby that took over, while it restores: another standby must not see the new
-        epoch's lease lapse meanwhile)."""
-        import threading
-
+        """Renews from a thread every ``every`` seconds until the returned callable is
+        called (it returns once the thread has ended): a standby that took over, while it
+        restores, so that another standby does not see the new epoch's lease lapse."""
         done = threading.Event()
 
         def loop() -> None:
             while not done.wait(every) and self.renew():
                 pass
 
-        threading.Thread(target=loop, daemon=True, name="lease-renewal").start()
-        return done
+        thread = threading.Thread(target=loop, daemon=True, name="lease-renewal")
+        thread.start()
+
+        def stop() -> None:
+            done.set()
+            thread.join()
+
+        return stop
 
 
 @dataclasses.dataclass
@@ -187,6 +197,7 @@ class TapeFollower:
         self.ino: int | None = None
         self.offset = 0
         self.records: list[dict[str, Any]] = []
+        self.ends: list[int] = []  # each record's end, in bytes
 
     def poll(self) -> None:
         try:
@@ -197,16 +208,22 @@ class TapeFollower:
             st = os.fstat(fh.fileno())
             ino = st.st_ino
             if ino != self.ino or st.st_size < self.offset:  # replaced, or cut
-                self.ino, self.offset, self.records = ino, 0, []
+                self.ino, self.offset, self.records, self.ends = ino, 0, [], []
             fh.seek(self.offset)
-            self._take(fh.read())
+            try:
+                self._take(fh.read())
+            except ValueError:  # not a tape this can follow: the takeover reads it whole
+                self.ino, self.offset, self.records, self.ends = None, 0, [], []
 
     def _take(self, data: bytes) -> None:
         end = data.rfind(b"\n")
         if end < 0:
             return
+        at = self.offset
         for line in data[:end].split(b"\n"):
             self.records.append(json.loads(line))
+            at += len(line) + 1
+            self.ends.append(at)
         self.offset += end + 1
 
     def caught_up(self, path: str | Path, ino: int | None) -> list[dict[str, Any]] | None:
@@ -217,7 +234,10 @@ class TapeFollower:
             return None
         with open(path, "rb") as fh:
             fh.seek(self.offset)
-            self._take(fh.read())
+            try:
+                self._take(fh.read())
+            except ValueError:
+                return None
         return list(self.records)
 
 
@@ -245,12 +265,31 @@ def takeover(run_dir: str | Path, epoch: int) -> tuple[Path | None, int | None]:
     tape = run_dir / "tape.jsonl"
     ino = None
     if tape.exists():
+        try:
+            want = json.loads((moved / "snapshot.json").read_text()).get("tape_records")
+        except (OSError, ValueError):
+            want = None
         tmp = run_dir / "tape.jsonl.takeover"
-        with open(tape, "rb") as src, open(tmp, "wb") as dst:
-            ino = os.fstat(src.fileno()).st_ino
-            shutil.copyfileobj(src, dst)
+        for attempt in range(_TAPE_TRIES):
+            with open(tape, "rb") as src, open(tmp, "wb") as dst:
+                ino = os.fstat(src.fileno()).st_ino
+                data = src.read()
+                dst.write(data)
+            have = data.count(b"\n")
+            if want is None or have >= want:
+                break
+            if attempt == _TAPE_TRIES - 1:  # left as it is: the records may yet arrive
+                tmp.unlink()
+                raise ValueError(
+                    f"{tape} holds {have} records, fewer than the {want} the snapshot in "
+                    f"{moved} follows (not yet on this host's disk?): not taken over"
+                )
+            time.sleep(0.5)
         os.replace(tmp, tape)
     return moved, ino
+
+
+_TAPE_TRIES = 6  # a short tape (a network filesystem behind): read again, 0.5 s apart
 
 
 def snapshot_dir(run_dir: str | Path) -> Path:

@@ -198,6 +198,8 @@ class LocalCluster:
         # to be ready; a chunk request is answered with none.
         self.leader_away_until = float("-inf")
         self.held_events: list[m.Event] = []
+        self.leader_losses: list[float] = []  # when the leader's host was lost
+        self.takeovers: list[float] = []  # when a standby took over
 
     # -- the leader ------------------------------------------------------------------
 
@@ -205,7 +207,7 @@ class LocalCluster:
         """Hands one event to the leader and carries out its actions (with
         :attr:`follower_heartbeats`, a ``Tick`` comes after the heartbeats of the followers
         whose processes run and are not hung)."""
-        if event.t < self.leader_away_until:
+        if event.t <= self.leader_away_until:
             if not isinstance(event, m.Tick):  # (the new leader's own timers tick it)
                 self.held_events.append(event)
             return []
@@ -219,7 +221,7 @@ class LocalCluster:
 
     def lease(self, learner: int) -> tuple[int, int, int] | None:
         """A learner's chunk request, answered at once (the control plane's round trip)."""
-        if self.clock.now < self.leader_away_until:
+        if self.clock.now <= self.leader_away_until:
             return None  # no leader to ask: no chunk now
         for a in self.feed(m.ChunkRequested(self.clock.now, learner)):
             if isinstance(a, m.GrantChunk) and a.learner == learner:

@@ -187,10 +187,10 @@ class RestoreLeader(Fault):
 class RestartLeader(Fault):
     def strike(self, engine: Any) -> None:
         t, cluster = engine.clock.now, engine.cluster
+        if cluster.leader_away_until >= t:
+            return  # no leader process to restart: a takeover is under way
         snap = json.loads(json.dumps(engine.leader.snapshot(), allow_nan=False))
         engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the dead leader
-        if cluster.leader_away_until > t:
-            return  # no leader process to restart: a takeover is under way
         leader = Leader.restore(snap, tape=engine.leader.tape)
         cluster.leader = leader
         cluster.execute(leader.resume(t, alone=True), t)  # its peers are up
@@ -203,7 +203,7 @@ class Takeover(Fault):
 
     def strike(self, engine: Any) -> None:
         t, cluster = engine.clock.now, engine.cluster
-        if cluster.leader_away_until > t:
+        if cluster.leader_away_until >= t:
             return  # no leader to lose: a takeover is under way
         # What the lost leader last wrote (it writes before any action leaves).
         snap = json.loads(json.dumps(engine.leader.snapshot(), allow_nan=False))
@@ -211,6 +211,7 @@ class Takeover(Fault):
         engine.clock.drop(lambda fn: fn == cluster.feed)  # on its way to the lost leader
         back = max(t + self.lease, getattr(engine, "standby_down_until", t) + self.lease)
         cluster.leader_away_until = back
+        cluster.leader_losses.append(t)
         _streams_break(engine, t, "the leader's host was lost")
         engine.clock.at(back, _take_over, engine, snap, tape)
 
@@ -246,6 +247,7 @@ def _take_over(engine: Any, snap: dict, tape: Any) -> None:
     leader = Leader.restore(snap, tape=tape)
     cluster.leader = leader
     cluster.leader_away_until = float("-inf")
+    cluster.takeovers.append(t)
     cluster.execute(leader.resume(t, alone=True), t)
     held, cluster.held_events = cluster.held_events, []
     for event in held:

@@ -209,7 +209,46 @@ def test_the_standby_follows_the_tape_as_it_is_written_and_reads_only_the_rest(t
     _, ino = lease.takeover(spec.run_dir, old.epoch + 1)
     records = follower.caught_up(tmp_path / "run" / "tape.jsonl", ino)
     assert records == old.leader.tape.records
-    got, whole = restored(spec, records), restored(spec)
+    got, whole = restored(spec, records, follower.ends), restored(spec)
     assert got.snapshot() == whole.snapshot() and got.tape.records == whole.tape.records
     other = lease.TapeFollower(tmp_path / "run" / "tape.jsonl")
     assert other.caught_up(tmp_path / "run" / "tape.jsonl", ino) is None  # never followed
+
+
+def test_a_takeover_cuts_a_line_the_old_leader_was_writing_when_it_died(tmp_path):
+    """Found in review: restored from followed records, a tape whose last line was torn
+    (the old leader killed mid-write) kept the fragment, and the new leader's first record
+    was appended onto it: a line that is not JSON, and a tape no one could read again."""
+    spec = _spec(tmp_path)
+    old = LeaderNode(spec)
+    _pushing(old)
+    tape = tmp_path / "run" / "tape.jsonl"
+    with tape.open("a") as fh:
+        fh.write('{"kind": "membership", "t"')  # torn: the process died here
+    follower = lease.TapeFollower(tape)
+    follower.poll()
+    assert lease.claim(spec.run_dir, old.epoch + 1, "standby")
+    _, ino = lease.takeover(spec.run_dir, old.epoch + 1)
+    records = follower.caught_up(tape, ino)
+    new = LeaderNode(spec, restored(spec, records, follower.ends), epoch=old.epoch + 1)
+    new.carry_out(new.leader.handle(m.Join(2.0, 1)))  # the new leader's first records
+    read = lease.TapeFollower(tape)
+    read.poll()  # every line whole JSON again
+    assert read.records == new.leader.tape.records
+
+
+def test_a_tape_copy_shorter_than_the_snapshot_is_not_taken_over(tmp_path):
+    """Found in review: the short tape was refused only after the takeover had replaced
+    it with its short copy, and every later standby found the same. Now the takeover reads
+    it again (a network filesystem behind), and failing that leaves it as it was."""
+    spec = _spec(tmp_path)
+    old = LeaderNode(spec)
+    _pushing(old)
+    tape = tmp_path / "run" / "tape.jsonl"
+    full = tape.read_bytes()
+    tape.write_bytes(full[: full.rstrip(b"\n").rfind(b"\n") + 1])  # the last record missing
+    short = tape.read_bytes()
+    assert lease.claim(spec.run_dir, old.epoch + 1, "standby")
+    with pytest.raises(ValueError, match=r"fewer than the .* not taken over"):
+        lease.takeover(spec.run_dir, old.epoch + 1)
+    assert tape.read_bytes() == short and not (tmp_path / "run" / "tape.jsonl.takeover").exists()

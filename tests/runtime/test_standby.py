@@ -85,7 +85,8 @@ def test_the_active_leader_killed_for_good_the_standby_takes_over_within_its_lea
     assert len(resumes) == 1, resumes
     log = (run / "logs" / "standby.log").read_text()
     assert "taking over as epoch 2" in log
-    assert "records followed" in log  # it read the tape as it was written, not at the end
+    # It read the tape as it was written, not at the takeover.
+    assert int(log.split(" records followed")[0].rsplit("(tape: ", 1)[1]) > 0, log
     # The old leader's folder was moved aside whole; the live one is the standby's.
     assert (run / "leader.epoch-00000001" / "snapshot.json").exists()
 
@@ -101,7 +102,7 @@ def test_a_paused_leader_woken_after_the_takeover_changes_nothing(tmp_path):
         _wait(lambda: _status(run)["version"] >= v + 2, "two rounds at epoch 2", launcher, 90)
         tape_before = (run / "tape.jsonl").read_bytes()
         moved = run / "leader.epoch-00000001"
-        moved_snapshot = (moved / "snapshot.json").read_bytes()
+        assert (moved / "snapshot.json").exists()
     finally:
         os.kill(old, signal.SIGCONT)
     # A peer that has heard epoch 2 calls the old leader directly (its address alone), as
@@ -125,5 +126,4 @@ def test_a_paused_leader_woken_after_the_takeover_changes_nothing(tmp_path):
     # Nothing it did after waking reached the live files: the tape only grew from what it
     # was (written by the standby), and whatever it wrote went to its moved folder.
     assert (run / "tape.jsonl").read_bytes().startswith(tape_before)
-    assert moved_snapshot and (moved / "snapshot.json").exists()
     assert json.loads((run / "leader" / "status.json").read_text())["leader"]["epoch"] >= 2

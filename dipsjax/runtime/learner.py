@@ -306,6 +306,12 @@ class LearnerNode:
         # Tokens of every push the leader took (its reply came back), across restarts: the
         # learner's side of the token balance. Never rolled back with a checkpoint.
         self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
+        # A push request whose answer never came (the leader died, or was deposed, after
+        # it may have written the push down): its tokens, until the leader's word says
+        # whether it was booked (its plan, or a rejoin's ``SendModel.last_round`` newer than
+        # any round this process knows of its pushes: one push is in flight at a time).
+        self.in_doubt = 0
+        self.known_round = -1
         self.reported = (
             json.loads(self.reported_path.read_text())["tokens"]
             if (resume or incarnation > 0) and self.reported_path.exists()
@@ -433,6 +439,7 @@ class LearnerNode:
             self._on_worker(self.save, c)
             return []
         if isinstance(c, m.Restore):
+            self._settle_in_doubt(c.last_round)
             return self._on_worker(self.restore, c)
         if isinstance(c, m.Settle):
             assert self.feedback is not None, "Settle without error feedback"
@@ -465,6 +472,8 @@ class LearnerNode:
         try:
             replies = self.control.call(event)
         except (grpc.RpcError, ValueError) as e:
+            if isinstance(event, m.PushRequested):
+                self.in_doubt = event.meta.tokens
             return self._call_failed(e, type(event).__name__)
         self.lost_since = None
         if isinstance(event, m.PushRequested) and booked(replies, self.control.refused):
@@ -472,6 +481,7 @@ class LearnerNode:
             self._write_reported()
         out: list[m.Command] = []
         for a in replies:  # a refused join is answered to its caller
+            self._heard(a)
             out += self.proto.on_action(a, self.now(), self.generation)
         return out
 
@@ -638,9 +648,32 @@ class LearnerNode:
                     cl.close()  # the next transfer connects unthrottled
         return self.proto.on_pulled(v, self.now())
 
+    def _heard(self, action: m.Action) -> None:
+        """A plan for this learner names a round of its pushes: a push in doubt newer than
+        every round known was booked (the plan is the leader's word), and is counted."""
+        if isinstance(action, m.PushShards) and action.learner == self.j:
+            if action.round_id > self.known_round and self.in_doubt:
+                self._count_in_doubt(f"its plan for round {action.round_id} came")
+            self.known_round = max(self.known_round, action.round_id)
+
+    def _settle_in_doubt(self, last_round: int) -> None:
+        """A rejoin's word on this learner's last push (``SendModel.last_round``): one in
+        doubt was booked if that round is newer than every round this process knows."""
+        if self.in_doubt and last_round > self.known_round:
+            self._count_in_doubt(f"the leader settled it in round {last_round}")
+        self.in_doubt = 0
+        self.known_round = max(self.known_round, last_round)
+
+    def _count_in_doubt(self, why: str) -> None:
+        log.info("a push request whose answer was lost was booked (%s): counted", why)
+        self.reported += self.in_doubt
+        self.in_doubt = 0
+        self._write_reported()
+
     def _input(self, item: tuple) -> list[m.Command]:
         kind = item[0]
         if kind == "action":
+            self._heard(item[1])
             return self.proto.on_action(item[1], self.now(), item[2])
         if kind == "lost":
             return self._lost(item[1])

@@ -32,7 +32,15 @@ stopped the job tells whoever watches (``Stop``) for a few heartbeats and exits 
 on instead. ``--alone`` (the launcher's restart of the leader by itself: its peers are up)
 shortens the time before heartbeats count again to two heartbeat intervals.
 
-Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen|--alone]]``.
+Each leader process claims the next epoch (its fencing token, :mod:`dipsjax.runtime.lease`)
+and stamps it on every action and answer. With a standby (``RunSpec.standby``) the active
+leader renews its lease; ``--standby`` makes a process follow that lease (and the tape, as it
+is written), take the run folder over once the lease lapses and serve on its own address
+(``--listen-on standby``), resumed alone. A leader that finds a newer epoch claimed is
+deposed: it routes nothing, refuses every call (``deposed``), and stands by in its turn.
+
+Run: ``python -m dipsjax.runtime.leader RUN_DIR/spec.json [--resume [--reopen|--alone]]``
+or ``... --standby [--listen-on standby]``.
 """
 
 from __future__ import annotations

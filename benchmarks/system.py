@@ -1,10 +1,11 @@
 """System: aggregate learner tokens/s with the full syncer (leader, 2 followers, gRPC and
 the data plane) against the same learners with no outer communication, in the same run.
 
-Four learner processes train the tiny model with ``H = 64`` inner steps, pinned to the cores
-as ``dipsjax run`` pins them. Each learner's throughput is the tokens it trained over the
-seconds from the start of its first round to the end of its last; the aggregate is their
-sum. Baseline: the same processes training the same number of rounds alone (``--solo``).
+Four learner processes train the ``small`` model (3.3M parameters; ``--model tiny`` for
+the tiny one) with ``H = 64`` inner steps, pinned to the cores as ``dipsjax run`` pins
+them. Each learner's throughput is the tokens it trained over the seconds from the start of
+its first round to the end of its last; the aggregate is their sum. Baseline: the same
+processes training the same number of rounds alone (``--solo``).
 Two modes: learners that wait for their pull (Di-PS) and learners that keep training
 (Decoupled DiLoCo, K=1, adding the global change). On 2 cores the leader's and followers'
 work competes with the learners for the CPU, which a cluster does not have to.
@@ -14,10 +15,16 @@ learner's share of its time not spent training, push to pull, grace and transfer
 included: ``1 - sum(train_seconds) / span``, where a push's ``train_seconds`` is the wall
 time of the round it reports and the span runs from the start of the learner's first
 reported round to its last push (:func:`added_time`). Sharing 2 cores slows training and
-syncing alike, so the share is less distorted here than the tokens ratio.
+syncing alike, so the share is less distorted here than the tokens ratio. What a round
+spends not training is mostly fixed costs (the leader's round, the transfers, adopting the
+pull, leasing the data), printed in seconds a round: they grow more slowly than a round's
+compute with the model, so they are a larger share of the tiny model's 1.6 s round than of
+the ``small`` model's 27 s one (on these cores), itself far shorter than the papers' rounds
+of hours.
 
-Run: ``.venv/bin/python benchmarks/system.py`` (``--rounds 3`` for a quick run; ``--tiny``
-checks the harness only: 1 learner, 1 follower, H = 4, 1 round, no checkpoints, one
+Run: ``.venv/bin/python benchmarks/system.py`` (about 16 minutes on two cores; ``--rounds 3``
+for a quicker run; ``--tiny`` checks the harness only: the tiny model, 1 learner, 1
+follower, H = 4, 1 round, no checkpoints, one
 compilation cache for every process, small programs included; its figures mean nothing).
 """
 
@@ -60,9 +67,9 @@ def _where(run_dir: Path, learners: int) -> dict[str, float]:
     return out
 
 
-def added_time(tape_path: Path) -> dict[int, float]:
-    """Each learner's share of its span not spent training (see the module docstring), from
-    every push the tape holds (applied, rejected or dropped), by learner."""
+def _idle(tape_path: Path) -> dict[int, tuple[float, float, int]]:
+    """Per learner, from every push the tape holds (applied, rejected or dropped): seconds
+    not training, its span and its pushes (see the module docstring)."""
     from dipsjax.syncer.tape import EventTape
 
     pushes: dict[int, list[tuple[float, float]]] = {}
@@ -73,8 +80,20 @@ def added_time(tape_path: Path) -> dict[int, float]:
     for j, xs in sorted(pushes.items()):
         xs.sort()
         span = xs[-1][0] - (xs[0][0] - xs[0][1])
-        out[j] = 1.0 - sum(t for _, t in xs) / span if span > 0 else 0.0
+        out[j] = (span - sum(t for _, t in xs), span, len(xs))
     return out
+
+
+def added_time(tape_path: Path) -> dict[int, float]:
+    """Each learner's share of its span not spent training (see the module docstring), from
+    every push the tape holds (applied, rejected or dropped), by learner."""
+    return {j: idle / span if span > 0 else 0.0 for j, (idle, span, _) in _idle(tape_path).items()}
+
+
+def idle_per_round(tape_path: Path) -> dict[int, float]:
+    """Each learner's seconds not training per round it pushed (``added_time``'s numerator
+    over its pushes): the fixed cost a round carries, whatever its length."""
+    return {j: idle / n for j, (idle, _, n) in _idle(tape_path).items()}
 
 
 def _solo(spec, rounds: int) -> float:
@@ -108,11 +127,18 @@ def main() -> None:
     parser.add_argument(
         "--checkpoints", choices=("on", "off"), default="on", help="roles checkpoint as they go"
     )
+    parser.add_argument(
+        "--model",
+        default="small",
+        help="the learners' model config (default small: 3.3M parameters, rounds about 15x as "
+        "long as the tiny model's on these cores, so a round's fixed costs weigh less, as in "
+        "the papers' long rounds)",
+    )
     parser.add_argument("--tiny", action="store_true", help="a harness check (see above)")
     args = parser.parse_args()
     m, f, h = 4, 2, 64
     if args.tiny:
-        m, f, h, args.rounds, args.checkpoints = 1, 1, 4, 1, "off"
+        m, f, h, args.rounds, args.checkpoints, args.model = 1, 1, 4, 1, "off", "tiny"
         # Every process of both modes (and the solo learners) shares one compilation cache,
         # which keeps every program (by default only those that took a second to compile).
         cache = tempfile.mkdtemp(prefix="dipsjax-sys-cache-")
@@ -125,16 +151,19 @@ def main() -> None:
     }
     ratios, added = {}, {}
     for name, kw in modes.items():
-        sim = SimConfig(learners=m, followers=f, inner_steps=h, token_budget=budget, **kw)
+        sim = SimConfig(
+            learners=m, followers=f, inner_steps=h, token_budget=budget, model=args.model, **kw
+        )
         synced = make_spec(sim, Path(tempfile.mkdtemp(prefix=f"dipsjax-sys-{name}-")))
         synced = dataclasses.replace(synced, checkpoints=args.checkpoints == "on")
         launch(synced, progress=False, evaluate=False)
         with_sync = _aggregate(Path(synced.run_dir), m)
         shares = added_time(Path(synced.run_dir) / "tape.jsonl")
+        idle = idle_per_round(Path(synced.run_dir) / "tape.jsonl")
         added[name] = max(shares.values())
         print(
             f"{name}: added time (not training, push to pull) by learner: "
-            + ", ".join(f"{j}: {s:.2%}" for j, s in shares.items()),
+            + ", ".join(f"{j}: {s:.2%} ({idle[j]:.3f} s a round)" for j, s in shares.items()),
             flush=True,
         )
         alone = make_spec(sim, Path(tempfile.mkdtemp(prefix="dipsjax-solo-")))
@@ -156,6 +185,7 @@ def main() -> None:
             f"{a['syncer_cpu']:.1f} s",
             flush=True,
         )
+    print(f"(model {args.model}, H = {h}, {m} learners, {args.rounds} rounds each)")
     print(f"system_tokens_ratio_waiting: {ratios['waiting']:.3f} (goal: >= 0.94)")
     print(f"system_tokens_ratio_overlap: {ratios['overlap']:.3f} (goal: >= 0.99)")
     print(f"system_added_time_waiting: {added['waiting']:.4f} (goal: <= 0.06, the worst learner)")

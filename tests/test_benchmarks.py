@@ -292,7 +292,7 @@ def test_added_time_is_the_share_of_each_span_not_training(tmp_path, monkeypatch
     # them not training): 5 / 25. Learner 1's second push was dropped and still counts:
     # trains 4 s, pushes at 6 (2 s before it started), 4 s more, pushes at 12: 2 / 10.
     monkeypatch.syspath_prepend(str(ROOT))
-    from benchmarks.system import added_time
+    from benchmarks.system import added_time, idle_per_round
 
     def push(j, at, train):
         return {
@@ -344,6 +344,8 @@ def test_added_time_is_the_share_of_each_span_not_training(tmp_path, monkeypatch
             )
     shares = added_time(tmp_path / "tape.jsonl")
     assert shares == pytest.approx({0: 5 / 25, 1: 2 / 10})
+    # ... and in seconds a round: 5 s over learner 0's two pushes, 2 s over learner 1's.
+    assert idle_per_round(tmp_path / "tape.jsonl") == pytest.approx({0: 2.5, 1: 1.0})
 
 
 @pytest.mark.slow

@@ -304,3 +304,16 @@ def test_server_reference_rounds_that_did_not_pull_still_send_theta_now_minus_en
     assert any(not p.meta.pulled for r in res.tape.round_records() for p in r.participants)
     assert res.tokens.imbalance() == 0
     assert tree_equal(replay(cfg, res.tape), res.params)
+
+
+def test_dips_under_the_quorum_policy_merges_k_pushes_a_round():
+    """EXTENSION (docs/benchmarks.md, the Di-PS grace frontier): at eta 100 Di-PS's dynamic
+    window is 0, so rounds of a single push occur; under Decoupled DiLoCo's quorum policy
+    (K = 3 of 4) every round waits for three learners. (That it still ends sooner than
+    synchronous DiLoCo shows over 50 rounds: ``benchmarks/quality.py``.)"""
+    kw = dict(eta=100, token_budget=2 * ROUND)
+    dyn = simulate(SimConfig(method="dips", **kw))
+    q3 = simulate(SimConfig(method="dips", grace="quorum", quorum=3, **kw))
+    sizes = [len(r["participants"]) for r in q3.tape.rounds()]
+    assert sizes and min(sizes) >= 3, sizes
+    assert min(len(r["participants"]) for r in dyn.tape.rounds()) == 1

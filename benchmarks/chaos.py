@@ -256,7 +256,13 @@ class Chaos(LiveJob):
             old = first["pid"]
             self.wait(lambda: self.pids().get(roles[0]) not in (None, old), 30)
             time.sleep(0.2)
-            faults = [first, self.kill(roles[0], moment)]
+            second = self.kill(roles[0], moment)
+            # The leader knows the process killed second only if it joined after the
+            # first kill (0.2 s after it appeared, its restore and compilation are not
+            # over): else there is nothing to detect, only its successor's start-up.
+            if roles[0] not in LEADERS:  # (a leader's death is the launcher's to see)
+                second["known"] = _joined_between(_records(self.run), first, second)
+            faults = [first, second]
         else:
             faults = [self.kill(roles[0], moment)]
         if moment == "stopped":  # nothing to detect or recover: the job is over
@@ -319,6 +325,18 @@ def _about(record: dict, role: str) -> bool:
     if role.startswith("follower"):
         return record.get("kind") == "follower" and record.get("follower") == int(role[8:])
     return record.get("kind") == "membership" and record.get("learner") == int(role[7:])
+
+
+def _joined(record: dict, role: str) -> bool:
+    """Whether a tape record is a process of ``role`` joining (a follower's join, a
+    learner incarnation's)."""
+    return _about(record, role) and record.get("event") in ("joined", "join")
+
+
+def _joined_between(records: list[dict], first: dict, second: dict) -> bool:
+    """Whether a process of the role killed by fault ``first`` joined between it and fault
+    ``second`` (the tape held ``fault["n"]`` records at each kill)."""
+    return any(_joined(r, second["role"]) for r in records[first["n"] : second["n"]])
 
 
 def _json_lines(path: Path) -> list[dict]:

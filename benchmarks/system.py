@@ -91,9 +91,10 @@ def added_time(tape_path: Path) -> dict[int, float]:
 
 
 def idle_per_round(tape_path: Path) -> dict[int, float]:
-    """Each learner's seconds not training per round it pushed (``added_time``'s numerator
-    over its pushes): the fixed cost a round carries, whatever its length."""
-    return {j: idle / n for j, (idle, _, n) in _idle(tape_path).items()}
+    """Each learner's seconds not training between one round and the next
+    (``added_time``'s numerator over the ``n - 1`` gaps between its ``n`` pushes: its span
+    starts when its first round does): the fixed cost a round carries, whatever its length."""
+    return {j: idle / (n - 1) if n > 1 else 0.0 for j, (idle, _, n) in _idle(tape_path).items()}
 
 
 def _solo(spec, rounds: int) -> float:

@@ -344,8 +344,8 @@ def test_added_time_is_the_share_of_each_span_not_training(tmp_path, monkeypatch
             )
     shares = added_time(tmp_path / "tape.jsonl")
     assert shares == pytest.approx({0: 5 / 25, 1: 2 / 10})
-    # ... and in seconds a round: 5 s over learner 0's two pushes, 2 s over learner 1's.
-    assert idle_per_round(tmp_path / "tape.jsonl") == pytest.approx({0: 2.5, 1: 1.0})
+    # ... and in seconds between rounds: one gap each, of 5 s and 2 s.
+    assert idle_per_round(tmp_path / "tape.jsonl") == pytest.approx({0: 5.0, 1: 2.0})
 
 
 @pytest.mark.slow
@@ -364,6 +364,30 @@ def test_recovery_tiny(tmp_path):
         assert 0 <= fig[f"recovery_{r}_detect_s"] <= fig[f"recovery_{r}_recover_s"]
     # A new round is applied only once the standby has taken over and resumed.
     assert fig["recovery_takeover_detect_s"] < fig["recovery_takeover_rounds_again_s"]
+
+
+def test_chaos_knows_a_process_only_once_it_joined(monkeypatch):
+    # A role killed twice: the second process counts as known to the leader only if a tape
+    # record after the first kill is its join (it once measured its successor's start-up
+    # as a 6.1 s detection). Losses, activity and other roles' joins do not count.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # (it imports _live as a script)
+    from chaos import _joined, _joined_between
+
+    assert _joined({"kind": "follower", "follower": 1, "event": "joined"}, "follower1")
+    assert not _joined({"kind": "follower", "follower": 1, "event": "lost"}, "follower1")
+    assert not _joined({"kind": "follower", "follower": 0, "event": "joined"}, "follower1")
+    assert _joined({"kind": "membership", "learner": 2, "event": "join"}, "learner2")
+    assert not _joined({"kind": "membership", "learner": 2, "event": "active"}, "learner2")
+    assert not _joined({"kind": "membership", "learner": 2, "event": "restart"}, "learner2")
+    # Only records after the first kill count: the first process's own join does not.
+    tape = [
+        {"kind": "follower", "follower": 1, "event": "joined"},  # the first process
+        {"kind": "follower", "follower": 1, "event": "lost"},
+    ]
+    first, second = {"role": "follower1", "n": 1}, {"role": "follower1", "n": 2}
+    assert not _joined_between(tape, first, second)
+    tape.append({"kind": "follower", "follower": 1, "event": "joined"})  # the second one
+    assert _joined_between(tape, first, {"role": "follower1", "n": 3})
 
 
 @pytest.mark.slow

@@ -354,6 +354,10 @@ class Leader:
         # ``missed_heartbeats`` intervals is lost. Not snapshotted (a resumed leader waits
         # for every follower to join again).
         self.follower_seen: dict[int, float] = {}
+        # Followers that heartbeat (not snapshotted): one that joins again after a loss is
+        # watched from its join on, not from its next beat (a kill in between was never
+        # found silent).
+        self.follower_beats: set[int] = set()
         # The oldest version each follower can rebuild a stale row from (server reference),
         # when it said so on joining: a follower restarted from a checkpoint holds fewer
         # versions than the cache bound, and pushes older than what it holds are dropped.
@@ -687,11 +691,12 @@ class Leader:
         if k in self.follower_grace:  # back in touch after a resume: silence counts now
             self.follower_grace.discard(k)
             self.follower_seen[k] = t
-        elif heartbeat or k in self.follower_seen:
+        elif heartbeat or k in self.follower_seen or k in self.follower_beats:
             self.follower_seen[k] = max(self.follower_seen.get(k, t), t)
 
     def _on_FollowerHeartbeat(self, ev: FollowerHeartbeat) -> list[Action]:
         self._follower_seen(ev.follower, ev.t, heartbeat=True)
+        self.follower_beats.add(ev.follower)
         if ev.follower in self.lost_by_silence and ev.follower not in self.rejoin_asked:
             # Found lost while silent (a hang), beating again: it does not know. Asked once.
             self.rejoin_asked.add(ev.follower)

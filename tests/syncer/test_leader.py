@@ -514,6 +514,31 @@ def test_a_follower_found_lost_that_beats_again_is_asked_to_join_again():
     assert kinds(leader.handle(push(10.0, 0, 10, 1, 0)))[0] == "PushShards"  # rounds go on
 
 
+def test_a_follower_killed_right_after_it_rejoined_is_still_found_silent():
+    """A follower that heartbeats, found lost and rejoined (``FollowerLost`` then
+    ``FollowerJoined``, with no heartbeat between: the driver's rejoin), killed before its
+    next heartbeat: its silence counts from the join. Before, the loss dropped it from the
+    watch and the join did not put it back, so it was never found silent (chaos, seed 1:
+    found only when its next process started, 5.7 s later). A follower that never beat
+    (the simulator's) is still not watched after a rejoin."""
+    cfg = LeaderConfig(penalty=False, num_followers=2, heartbeat_interval=1.0)
+    leader = Leader(cfg, NoGrace())
+    join_all(leader, 1)
+    leader.handle(L.FollowerJoined(0.0, 0, 0))
+    leader.handle(L.FollowerJoined(0.0, 1, 0))
+    leader.handle(L.FollowerHeartbeat(0.0, 0))  # follower 1 never beats: not watched
+    for k in (0, 1):  # both found lost by their driver, and back at once
+        leader.handle(L.FollowerLost(5.0, k, "control stream lost"))
+        leader.handle(L.FollowerJoined(5.0, k, 0))
+    assert leader.followers_up == {0: True, 1: True}
+    leader.handle(L.Heartbeat(7.0, 0))
+    assert leader.handle(L.Tick(8.0)) == []  # 3 intervals since the join: not yet
+    leader.handle(L.Tick(8.01))
+    lost = [r for r in leader.tape.records if r.get("event") == "lost" and r["t"] > 5.0]
+    assert [(r["follower"], r["reason"]) for r in lost] == [(0, "missed heartbeats")]
+    assert leader.followers_up == {0: False, 1: True}
+
+
 def test_pushes_older_than_a_restarted_followers_oldest_version_are_dropped():
     """A follower restarted from its checkpoint holds only the versions it restored; under
     the server reference a push whose base it lacks is dropped (counted), not sent to a

@@ -4,6 +4,7 @@ bad input (never a protobuf exception), message sizes, and a JAX-free import."""
 import dataclasses
 import math
 import pathlib
+import re
 import struct
 import subprocess
 import sys
@@ -523,6 +524,60 @@ def test_codec_imports_without_jax():
     assert result.returncode == 0, result.stderr
 
 
+# The stamps the generator writes: grpc_tools' own version, and the protobuf version its
+# bundled protoc targets. A newer grpcio-tools within the pinned range writes newer ones
+# and otherwise the same code, so the comparison below masks them; the committed stamps are
+# checked against the pins instead (the runtime refuses code stamped newer than itself).
+_GRPC_STAMP = re.compile(r"^GRPC_GENERATED_VERSION = '([0-9.]+)'$", re.M)
+_PROTOBUF_STAMP = re.compile(
+    r"^# Protobuf Python Version: ([0-9.]+)$|"
+    r"ValidateProtobufRuntimeVersion\(\n\s+_runtime_version\.Domain\.PUBLIC,\n"
+    r"\s+(\d+),\n\s+(\d+),\n\s+(\d+),\n",
+    re.M,
+)
+
+
+def _without_version_stamps(text):
+    text = _GRPC_STAMP.sub("GRPC_GENERATED_VERSION = '*'", text)
+    return _PROTOBUF_STAMP.sub("<protobuf version>", text)
+
+
+def _lower_pin(package):
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    found = re.search(rf'"{package}>=([0-9.]+),', pyproject)
+    assert found, f"pyproject.toml pins no lower bound for {package}"
+    return tuple(int(x) for x in found.group(1).split("."))
+
+
+def test_version_stamps_are_masked_and_nothing_else():
+    grpc_code = "import grpc\nGRPC_GENERATED_VERSION = '1.85.4'\nGRPC_VERSION = 1\n"
+    assert _without_version_stamps(grpc_code) == _without_version_stamps(
+        grpc_code.replace("1.85.4", "1.85.1")
+    )
+    assert _without_version_stamps(grpc_code) != _without_version_stamps(
+        grpc_code.replace("GRPC_VERSION = 1", "GRPC_VERSION = 2")
+    )
+    committed = (ROOT / "dipsjax/transport/proto/syncer_pb2.py").read_text()
+    newer = re.sub(r"Version: [0-9.]+", "Version: 9.1.2", committed)
+    newer = newer.replace("PUBLIC,\n    7,\n", "PUBLIC,\n    9,\n")
+    assert newer != committed
+    assert _without_version_stamps(newer) == _without_version_stamps(committed)
+    assert _without_version_stamps(committed).count("<protobuf version>") == 2
+
+
+def test_committed_code_runs_on_the_oldest_pinned_runtimes():
+    proto = ROOT / "dipsjax/transport/proto"
+    grpc_stamp = _GRPC_STAMP.search((proto / "syncer_pb2_grpc.py").read_text()).group(1)
+    assert tuple(int(x) for x in grpc_stamp.split(".")) <= _lower_pin("grpcio"), (
+        f"syncer_pb2_grpc.py is stamped grpcio {grpc_stamp}, newer than the pinned minimum: "
+        "regenerate with the oldest pinned grpcio-tools or raise the pin"
+    )
+    pb_version = re.search(
+        r"^# Protobuf Python Version: ([0-9.]+)$", (proto / "syncer_pb2.py").read_text(), re.M
+    )
+    assert tuple(int(x) for x in pb_version.group(1).split(".")) <= _lower_pin("protobuf")
+
+
 def test_generated_code_matches_the_proto(tmp_path):
     pytest.importorskip("grpc_tools")
     result = subprocess.run(
@@ -546,7 +601,9 @@ def test_generated_code_matches_the_proto(tmp_path):
     for name in ("syncer_pb2.py", "syncer_pb2.pyi", "syncer_pb2_grpc.py"):
         fresh = (tmp_path / "dipsjax/transport/proto" / name).read_text()
         committed = (ROOT / "dipsjax/transport/proto" / name).read_text()
-        assert fresh == committed, f"{name} is stale: run scripts/gen_proto.sh"
+        assert _without_version_stamps(fresh) == _without_version_stamps(committed), (
+            f"{name} is stale: run scripts/gen_proto.sh"
+        )
 
 
 def test_grpc_service_is_generated():

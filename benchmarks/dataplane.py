@@ -1,12 +1,21 @@
-"""Data plane: push + pull of a 100M-parameter BF16 model between a learner and 2 followers,
+"""Data plane: push + pull of a 100M-parameter model between a learner and 2 followers,
 against a raw TCP transfer of the same bytes over the same topology, in the same run.
 
 The followers run in a child process (two servers, as two followers would), the learner in
-this one. Data plane: the learner encodes FP32 tensors to BF16, frames and checksums them,
-and streams half to each follower concurrently (encoding overlapped with sending); the
-followers check, decode to FP32 and stage them; then the learner pulls the model back the
-same way (followers encode, learner decodes). Raw TCP: the same number of bytes, already
-serialized, sent and received with ``sendall``/``recv_into`` and nothing else.
+this one. The learner streams half of its push to each follower concurrently, the followers
+check and stage it, then the learner pulls the model back the same way. Two forms:
+
+- ``runtime`` (the headline figures): what ``dipsjax run`` sends. The learner's
+  pseudo-gradient leaves its device in BF16 (``runtime.partition.Compute`` casts it there,
+  where an accelerator does it for free and the device-to-host copy halves), so the push is
+  framed and checksummed without converting anything; the learner pulls FP32
+  (``runtime.learner.LearnerNode.pull``).
+- ``host``: BF16 both ways with both conversions on the host's CPU (FP32 encoded to BF16
+  for the push, the follower encodes its FP32 shard for the pull, the learner widens it):
+  the form this benchmark measured until 2026-12-06, reported.
+
+Raw TCP: the same number of bytes each way, already serialized, sent and received with
+``sendall``/``recv_into`` and nothing else.
 
 The data plane is measured twice, as runs use it (TLS with the job's certificates, mutual:
 ``dipsjax.runtime.credentials``) and in plain TCP (``RunSpec.tls=False``), so that what TLS
@@ -28,6 +37,7 @@ import argparse
 import multiprocessing as mp
 import socket
 import statistics
+import struct
 import tempfile
 import threading
 import time
@@ -74,34 +84,54 @@ def _dataplane_followers(params: float, creds: str, conn) -> None:
     conn.recv()  # until the parent is done
 
 
-def _raw_followers(nbytes: list[int], conn) -> None:
-    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+def _raw_followers(creds: str, conn) -> None:
+    """Two plain and two TLS servers (the job's certificates, as the data plane's) of bare
+    sockets: the bytes and nothing else."""
+    from dipsjax.runtime import credentials
 
-    def serve(sock: socket.socket, n: int) -> None:
-        buf = bytearray(n)
-        out = bytes(n)
+    tls = credentials.load(creds).ssl_server()
+    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
+
+    buffers: dict[tuple[int, int], tuple[bytearray, bytes]] = {}
+
+    def serve(sock: socket.socket, tls_context) -> None:
         while True:
             try:
                 c, _ = sock.accept()
+                if tls_context is not None:
+                    c = tls_context.wrap_socket(c, server_side=True)
             except OSError:
                 return
             with c:
-                while True:
-                    view, got = memoryview(buf), 0
-                    while got < n:
-                        k = c.recv_into(view[got:], n - got)
-                        if k == 0:
-                            break
-                        got += k
-                    if got < n:
+                # The transfer's sizes first (16 bytes: in, out), then the same bytes as the
+                # data plane's: a push in, an acknowledgement, a pull request, a pull out.
+                head = b""
+                while len(head) < 16:  # (an SSL socket takes no MSG_WAITALL)
+                    more = c.recv(16 - len(head))
+                    if not more:
                         break
-                    c.sendall(b"A")
-                    if len(c.recv(1)) != 1:
+                    head += more
+                if len(head) < 16:
+                    continue
+                n_in, n_out = struct.unpack("<QQ", head)
+                if (n_in, n_out) not in buffers:  # allocated once, as before the sizes varied
+                    buffers[n_in, n_out] = bytearray(n_in), bytes(n_out)
+                buf, out = buffers[n_in, n_out]
+                view, got = memoryview(buf), 0
+                while got < n_in:
+                    k = c.recv_into(view[got:], n_in - got)
+                    if k == 0:
                         break
-                    c.sendall(out)
+                    got += k
+                if got < n_in:
+                    continue
+                c.sendall(b"A")
+                if len(c.recv(1)) != 1:
+                    continue
+                c.sendall(out)
 
-    for s, n in zip(socks, nbytes, strict=True):
-        threading.Thread(target=serve, args=(s, n), daemon=True).start()
+    for i, s in enumerate(socks):
+        threading.Thread(target=serve, args=(s, tls if i >= 2 else None), daemon=True).start()
     conn.send([s.getsockname()[:2] for s in socks])
     conn.recv()
 
@@ -175,15 +205,20 @@ def _streams(n: int = 8, size: int = 1 << 18, seconds: float = 20.0) -> tuple[in
 # ------------------------------------------------------------------ learner (parent)
 
 
-def _timed_dataplane(addresses, model, tls=None) -> float:
+def _timed_dataplane(addresses, model, form: str, tls=None) -> float:
+    """One push + pull through the data plane: ``form`` ``"runtime"`` as the runtime's
+    learner makes them (its pseudo-gradient leaves the device in BF16, :class:`~dipsjax.
+    runtime.partition.Compute`; it pulls FP32), ``"host"`` with both conversions on the
+    host (FP32 encoded to BF16 for the push; a BF16 pull widened to FP32)."""
     from dipsjax.transport import dataplane as dp
 
     clients = [dp.DataPlaneClient(a, ssl_context=tls) for a in addresses]
     pulled: dict[int, dict] = {}
+    pull_codec = "fp32" if form == "runtime" else "bf16"
 
     def push_pull(k: int) -> None:
         clients[k].push(1, 0, 0, 0, sorted(_shard(model, k).items()))
-        pulled[k] = clients[k].pull()[1]
+        pulled[k] = clients[k].pull(codec=pull_codec)[1]
 
     t = time.perf_counter()
     threads = [threading.Thread(target=push_pull, args=(k,)) for k in range(2)]
@@ -195,21 +230,30 @@ def _timed_dataplane(addresses, model, tls=None) -> float:
     for c in clients:
         c.close()
     assert sum(len(p) for p in pulled.values()) == len(model)
+    assert {x.dtype for p in pulled.values() for x in p.values()} == {np.dtype(np.float32)}
     return dt
 
 
-def _timed_raw(addresses, nbytes) -> float:
+def _timed_raw(addresses, sizes, tls=None) -> float:
+    """The same bytes over bare sockets (``tls``: bare TLS sockets): ``sizes[k]`` is
+    follower ``k``'s (push, pull)."""
+
     def push_pull(k: int) -> None:
-        with socket.create_connection(addresses[k]) as s:
+        n_in, n_out = sizes[k]
+        s = socket.create_connection(addresses[k])
+        if tls is not None:
+            s = tls.wrap_socket(s, server_hostname=addresses[k][0])
+        with s:
+            s.sendall(struct.pack("<QQ", n_in, n_out))
             s.sendall(payloads[k])
             assert s.recv(1) == b"A"
             s.sendall(b"P")
-            buf = bytearray(nbytes[k])
+            buf = np.empty(n_out, np.uint8)  # not zero-filled, as the data plane's
             view, got = memoryview(buf), 0
-            while got < nbytes[k]:
-                got += s.recv_into(view[got:], nbytes[k] - got)
+            while got < n_out:
+                got += s.recv_into(view[got:], n_out - got)
 
-    payloads = [bytes(n) for n in nbytes]
+    payloads = [bytes(n_in) for n_in, _ in sizes]
     t = time.perf_counter()
     threads = [threading.Thread(target=push_pull, args=(k,)) for k in range(2)]
     for th in threads:
@@ -235,10 +279,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.tiny:
         args.params, args.trials = 4e6, 1
+    import ml_dtypes
+
     model = _model(args.params)
     n_params = sum(x.size for x in model.values())
-    nbytes = [2 * sum(x.size for x in _shard(model, k).values()) for k in range(2)]
-    wire = 2 * sum(nbytes)  # pushed and pulled, BF16
+    # What the runtime's learner pushes: its pseudo-gradient, cast to BF16 on its device.
+    model_bf16 = {i: x.astype(ml_dtypes.bfloat16) for i, x in model.items()}
+    values = [sum(x.size for x in _shard(model, k).values()) for k in range(2)]
+    sizes = {"runtime": [(2 * n, 4 * n) for n in values], "host": [(2 * n, 2 * n) for n in values]}
+    pushed = {"runtime": model_bf16, "host": model}
 
     from dipsjax.runtime import credentials
 
@@ -246,26 +295,58 @@ def main() -> None:
     tls = creds.ssl_client()
     dp_proc, dp_conn, addrs = _start(_dataplane_followers, args.params, creds.directory)
     dp_addr, tls_addr = addrs[:2], addrs[2:]
-    raw_proc, raw_conn, raw_addr = _start(_raw_followers, nbytes)
-    _timed_dataplane(dp_addr, model)  # warm-up: compiles the codecs on both ends
-    _timed_dataplane(tls_addr, model, tls)
-    _timed_raw(raw_addr, nbytes)
-    dps, tlss, raws = [], [], []
-    for _ in range(args.trials):  # interleaved, so that machine noise hits all three
-        raws.append(_timed_raw(raw_addr, nbytes))
-        dps.append(_timed_dataplane(dp_addr, model))
-        tlss.append(_timed_dataplane(tls_addr, model, tls))
+    raw_proc, raw_conn, raws = _start(_raw_followers, creds.directory)
+    raw_addr, raw_tls_addr = raws[:2], raws[2:]
+    for form in ("runtime", "host"):  # warm-up: compiles the codecs on both ends
+        _timed_dataplane(dp_addr, pushed[form], form)
+        _timed_dataplane(tls_addr, pushed[form], form, tls)
+        _timed_raw(raw_addr, sizes[form])
+    _timed_raw(raw_tls_addr, sizes["runtime"], tls)
+    times: dict[str, list[float]] = {}
+    for _ in range(args.trials):  # interleaved, so that machine noise hits all of them
+        for form in ("runtime", "host"):
+            times.setdefault(f"raw {form}", []).append(_timed_raw(raw_addr, sizes[form]))
+            if form == "runtime":
+                times.setdefault("raw tls", []).append(_timed_raw(raw_tls_addr, sizes[form], tls))
+            times.setdefault(form, []).append(_timed_dataplane(dp_addr, pushed[form], form))
+            times.setdefault(f"tls {form}", []).append(
+                _timed_dataplane(tls_addr, pushed[form], form, tls)
+            )
     for conn, proc in ((dp_conn, dp_proc), (raw_conn, raw_proc)):
         conn.send("done")
         proc.join(5)
     push_streams, pull_streams = _streams()
-    t_dp, t_raw, t_tls = (statistics.median(x) for x in (dps, raws, tlss))
-    print(f"model: {n_params / 1e6:.0f}M params, {wire / 1e6:.0f} MB on the wire (push + pull)")
-    print(f"raw TCP:          {t_raw:.3f} s  ({wire / t_raw / 1e9:.2f} GB/s)  trials {raws}")
-    print(f"data plane:       {t_dp:.3f} s  ({wire / t_dp / 1e9:.2f} GB/s)  trials {dps}")
-    print(f"data plane + TLS: {t_tls:.3f} s  ({wire / t_tls / 1e9:.2f} GB/s)  trials {tlss}")
-    print(f"dataplane_push_pull_ratio: {t_raw / t_dp:.2f} (goal: >= 0.70)")
-    print(f"dataplane_tls_ratio: {t_dp / t_tls:.2f} (goal: >= 0.70, TLS against plain framing)")
+    t = {name: statistics.median(x) for name, x in times.items()}
+    print(f"model: {n_params / 1e6:.0f}M params")
+    for form, what in (
+        ("runtime", "the runtime's: BF16 push cast on the device, FP32 pull"),
+        ("host", "BF16 both ways, converted on the host"),
+    ):
+        wire = sum(a + b for a, b in sizes[form])
+        print(f"{form}: {what}, {wire / 1e6:.0f} MB on the wire")
+        rows = [(f"raw {form}", "raw TCP")]
+        if form == "runtime":
+            rows.append(("raw tls", "bare TLS sockets"))
+        rows += [(form, "data plane"), (f"tls {form}", "data plane + TLS")]
+        for name, label in rows:
+            trials = ", ".join(f"{x:.3f}" for x in times[name])
+            print(
+                f"  {label:17s} {t[name]:.3f} s  ({wire / t[name] / 1e9:.2f} GB/s)  trials {trials}"
+            )
+    print(
+        f"dataplane_host_bf16_ratio: {t['raw host'] / t['host']:.2f} "
+        "(reported: both conversions on the host's CPU)"
+    )
+    print(f"dataplane_host_bf16_tls_ratio: {t['host'] / t['tls host']:.2f} (reported)")
+    print(
+        f"dataplane_bare_tls_ratio: {t['raw runtime'] / t['raw tls']:.2f} "
+        "(reported: bare TLS sockets against bare TCP, the same bytes; what TLS alone costs)"
+    )
+    print(f"dataplane_push_pull_ratio: {t['raw runtime'] / t['runtime']:.2f} (goal: >= 0.70)")
+    print(
+        f"dataplane_tls_ratio: {t['runtime'] / t['tls runtime']:.2f} "
+        "(goal: >= 0.70, TLS against plain framing)"
+    )
     print(f"dataplane_push_streams: {push_streams} (goal: 1, sent while encoded)")
     print(f"dataplane_pull_streams: {pull_streams} (goal: 1, handed over while sent)")
 

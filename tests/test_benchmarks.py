@@ -209,6 +209,9 @@ def test_dataplane_tiny(tmp_path):
         [
             "dataplane_push_pull_ratio",
             "dataplane_tls_ratio",
+            "dataplane_host_bf16_ratio",
+            "dataplane_host_bf16_tls_ratio",
+            "dataplane_bare_tls_ratio",
             "dataplane_push_streams",
             "dataplane_pull_streams",
         ],

@@ -94,6 +94,7 @@ from typing import Any
 
 import grpc
 import jax
+import ml_dtypes
 import numpy as np
 from tensorboardX import SummaryWriter
 
@@ -209,7 +210,11 @@ def partition_compute(spec: RunSpec, j: int) -> tuple[Compute, dict]:
         seed=cfg.seed,
         donate=False,
     )
-    compute = Compute(learner, methods.build(cfg.method).reference, partition)
+    # A BF16 wire sent as it is (no top-k, no error feedback): the pseudo-gradient leaves
+    # the device in BF16 (the data plane frames it without converting anything).
+    as_is = cfg.wire == "bf16" and cfg.wire_topk is None and not cfg.error_feedback
+    wire_dtype = ml_dtypes.bfloat16 if as_is else None
+    compute = Compute(learner, methods.build(cfg.method).reference, partition, wire_dtype)
     return compute, compute._params()
 
 

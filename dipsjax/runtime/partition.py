@@ -24,6 +24,7 @@ is set and JAX finds the rest in SLURM's environment.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pickle
 from typing import Any
@@ -88,12 +89,23 @@ def _host(tree: Any, spread: bool) -> Any:
     return jax.tree.map(np.asarray, multihost_utils.process_allgather(tree, tiled=True))
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _cast(tree: Any, dtype: Any) -> Any:
+    return jax.tree.map(lambda x: x.astype(dtype), tree)
+
+
 class Compute:
     """The partition's computations (see module docstring): on process 0, :meth:`call`
     broadcasts each one to the other processes, which run them in :meth:`serve`."""
 
-    def __init__(self, learner: Any, reference: str, partition: Partition) -> None:
+    def __init__(
+        self, learner: Any, reference: str, partition: Partition, wire_dtype: Any = None
+    ) -> None:
         self.learner, self.reference, self.partition = learner, reference, partition
+        # The push's wire dtype when the data plane sends the pseudo-gradient as it is
+        # (``bf16``): cast where it was computed, so only wire bytes leave the device and the
+        # push thread converts nothing (the same rounding as the host's: tested).
+        self.wire_dtype = wire_dtype
         self.calls = 0  # calls made (process 0) or served (the others)
         # The parameters the learner started from (set by the warm-up), until it takes a
         # global version: the base of a server-reference round that has none (a solo
@@ -149,6 +161,8 @@ class Compute:
             base = self.start
         contrib = self.learner.run_round(batches, num_steps=num_steps, reference="start")
         delta = delta_to_send(self.reference, contrib, self.learner, base)
+        if self.wire_dtype is not None:
+            delta = _cast(delta, self.wire_dtype)
         delta = _host(delta, self.partition.spread)
         return dataclasses.replace(contrib, delta=None), delta
 
@@ -174,6 +188,8 @@ class Compute:
         for _ in range(2):  # the second from pulled parameters, as every real round starts
             contrib = self.learner.run_round([batch] * steps, num_steps=steps, reference="start")
             delta = delta_to_send(self.reference, contrib, self.learner, init)
+            if self.wire_dtype is not None:
+                jax.block_until_ready(_cast(delta, self.wire_dtype))
             jax.block_until_ready(add_global_change(delta, init, init))
             self.learner.pull(init, version=0, reset_optimizer=True)
         self.learner.steps_done = self.learner.tokens_done = 0

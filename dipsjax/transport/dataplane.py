@@ -305,8 +305,9 @@ def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = Tr
     widening later gives the same float32 values)."""
     if header.codec in ("fp32", "bf16"):  # host fast path, bit-identical to outer.decode
         dtype = np.float32 if header.codec == "fp32" else ml_dtypes.bfloat16
+        # A view of the frame's own receive buffer (fresh for each frame), not a copy.
         x = np.frombuffer(payload, dtype).reshape(header.shape)
-        return x.astype(np.float32) if widen or dtype is np.float32 else x
+        return x.astype(np.float32) if widen and dtype is not np.float32 else x
     side = jnp.bfloat16 if header.codec == "stat2" else jnp.float32  # stat2: BF16 levels
     enc = outer.Encoded(
         jnp.frombuffer(payload, jnp.uint8) if len(payload) else jnp.zeros((0,), jnp.uint8),

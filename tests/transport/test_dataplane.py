@@ -498,3 +498,18 @@ def test_over_tls_a_job_client_pushes_and_pulls_exactly_and_outsiders_are_refuse
         assert (6, 1) in f.pushes
     finally:
         f.server.close()
+
+
+def test_an_fp32_frame_decodes_in_place_and_a_bf16_one_widens_to_its_own_array():
+    # FP32 (the runtime's pulls) is a view of the frame's fresh receive buffer, not a copy
+    # of it (a 100M-parameter pull copied 400 MB for nothing); BF16 widens into new memory.
+    import ml_dtypes
+
+    x = np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32)
+    for codec, widened in (("fp32", False), ("bf16", True)):
+        payload, _, shape = dp.encode_tensor(x, codec)
+        body = np.frombuffer(bytes(payload), np.uint8).copy()  # as _recv_exact hands it
+        y = dp.decode_tensor(dp.Header(dp.DATA, codec, shape=shape), body, b"")
+        assert y.dtype == np.float32 and y.shape == x.shape and y.flags.writeable
+        assert np.shares_memory(y, body) is not widened
+        np.testing.assert_array_equal(y, x if codec == "fp32" else x.astype(ml_dtypes.bfloat16))

@@ -15,7 +15,10 @@ check and stage it, then the learner pulls the model back the same way. Two form
   the form this benchmark measured until 2026-12-06, reported.
 
 Raw TCP: the same number of bytes each way, already serialized, sent and received with
-``sendall``/``recv_into`` and nothing else.
+``sendall``/``recv_into`` and nothing else (each follower receives into a buffer of its own,
+allocated once; the learner into fresh uninitialised memory, as the data plane's). The
+same over bare TLS sockets with the job's certificates (``dataplane_bare_tls_ratio``): what
+TLS alone costs here, the ceiling for ``dataplane_tls_ratio``.
 
 The data plane is measured twice, as runs use it (TLS with the job's certificates, mutual:
 ``dipsjax.runtime.credentials``) and in plain TCP (``RunSpec.tls=False``), so that what TLS
@@ -24,11 +27,13 @@ costs shows beside what the framing costs.
 Run: ``.venv/bin/python benchmarks/dataplane.py`` (``--params 20e6`` for a quick run;
 ``--tiny``: 4M parameters, 1 trial, a harness check whose speed figures mean nothing).
 
-Both forms also check that transfers stream (:func:`_streams`, figures
+The benchmark also checks that transfers stream (:func:`_streams`, figures
 ``dataplane_push_streams`` and ``dataplane_pull_streams``, 1 when they do): a push whose
 sender encoded every tensor before sending any, or a pull whose follower encoded (or whose
 learner received) the whole shard before the learner got its first tensor, scores 0. The
-check waits on events, not on timings, so it holds on a loaded machine.
+check waits on events, not on timings, so it holds on a loaded machine. It sends FP32
+tensors encoded on the host and pulls BF16; the runtime's form goes through the same
+per-tensor pipeline.
 """
 
 from __future__ import annotations
@@ -92,16 +97,22 @@ def _raw_followers(creds: str, conn) -> None:
     tls = credentials.load(creds).ssl_server()
     socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(4)]
 
-    buffers: dict[tuple[int, int], tuple[bytearray, bytes]] = {}
-
     def serve(sock: socket.socket, tls_context) -> None:
+        # This follower's own buffers, by transfer size, allocated once (as before the
+        # sizes varied): the push is received into memory already mapped.
+        buffers: dict[tuple[int, int], tuple[bytearray, bytes]] = {}
         while True:
             try:
                 c, _ = sock.accept()
-                if tls_context is not None:
-                    c = tls_context.wrap_socket(c, server_side=True)
             except OSError:
                 return
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the data plane's
+            if tls_context is not None:
+                try:
+                    c = tls_context.wrap_socket(c, server_side=True)
+                except OSError:
+                    c.close()
+                    continue
             with c:
                 # The transfer's sizes first (16 bytes: in, out), then the same bytes as the
                 # data plane's: a push in, an acknowledgement, a pull request, a pull out.
@@ -114,7 +125,7 @@ def _raw_followers(creds: str, conn) -> None:
                 if len(head) < 16:
                     continue
                 n_in, n_out = struct.unpack("<QQ", head)
-                if (n_in, n_out) not in buffers:  # allocated once, as before the sizes varied
+                if (n_in, n_out) not in buffers:
                     buffers[n_in, n_out] = bytearray(n_in), bytes(n_out)
                 buf, out = buffers[n_in, n_out]
                 view, got = memoryview(buf), 0
@@ -241,6 +252,7 @@ def _timed_raw(addresses, sizes, tls=None) -> float:
     def push_pull(k: int) -> None:
         n_in, n_out = sizes[k]
         s = socket.create_connection(addresses[k])
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as the data plane's
         if tls is not None:
             s = tls.wrap_socket(s, server_hostname=addresses[k][0])
         with s:

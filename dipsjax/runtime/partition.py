@@ -104,7 +104,8 @@ class Compute:
         self.learner, self.reference, self.partition = learner, reference, partition
         # The push's wire dtype when the data plane sends the pseudo-gradient as it is
         # (``bf16``): cast where it was computed, so only wire bytes leave the device and the
-        # push thread converts nothing (the same rounding as the host's: tested).
+        # push thread converts nothing. Round to nearest even, as the host's encoding (the
+        # same bits on CPU, tested; an accelerator may give NaNs another payload).
         self.wire_dtype = wire_dtype
         self.calls = 0  # calls made (process 0) or served (the others)
         # The parameters the learner started from (set by the warm-up), until it takes a
@@ -152,9 +153,10 @@ class Compute:
         return _host(self.learner.params_dict(), self.partition.spread)
 
     def _round(self, batches: list, num_steps: int, base: Any) -> tuple[Any, dict]:
-        """A round of inner steps and its pseudo-gradient, on the host. ``base`` is the version
-        the round is measured against (server reference); ``None`` before the learner ever
-        took a version (a solo learner), which then measures against where it started."""
+        """A round of inner steps and its pseudo-gradient, on the host (in ``wire_dtype``
+        when one is set). ``base`` is the version the round is measured against (server
+        reference); ``None`` before the learner ever took a version (a solo learner), which
+        then measures against where it started."""
         if base is None and self.reference == "server":
             if self.start is None:
                 raise ValueError("a server-reference round needs the version it started from")

@@ -302,7 +302,9 @@ def encode_tensor(
 def decode_tensor(header: Header, payload: Any, scales: Any, *, widen: bool = True) -> np.ndarray:
     """The float32 tensor a ``PUSH``/``DATA`` frame carries (``widen=False``: a BF16 one,
     or a ``stat2`` one, whose values are BF16 levels, comes as BF16, half the memory;
-    widening later gives the same float32 values)."""
+    widening later gives the same float32 values). An FP32 or unwidened BF16 frame's
+    tensor is a view of ``payload`` (read-only if it is), not a copy: pass a buffer
+    nothing else reuses, as :func:`read_frame` does."""
     if header.codec in ("fp32", "bf16"):  # host fast path, bit-identical to outer.decode
         dtype = np.float32 if header.codec == "fp32" else ml_dtypes.bfloat16
         # A view of the frame's own receive buffer (fresh for each frame), not a copy.

@@ -39,3 +39,19 @@ def test_a_bf16_wire_leaves_the_device_as_the_host_would_encode_it():
         host, _, shape = dp.encode_tensor(x, "bf16")
         sent, _, same = dp.encode_tensor(y, "bf16")
         assert shape == same and bytes(host) == bytes(sent)
+
+
+def test_the_cast_rounds_every_float32_as_the_host_encoding_does():
+    # Zeros, infinities, subnormals, the largest finite values, rounding ties and random bit
+    # patterns (NaN payloads are left out: neither side specifies them).
+    from dipsjax.runtime.partition import _cast
+
+    rng = np.random.default_rng(5)
+    special = [0.0, -0.0, np.inf, -np.inf, 1e-40, -1e-45, 3.4e38, -3.4e38]
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 2**-126 * (1 + 2**-8)]
+    bits = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([np.array(special + ties, np.float32), bits])
+    x = x[~np.isnan(x)]
+    y = np.asarray(_cast({"x": x}, ml_dtypes.bfloat16)["x"])
+    host, _, _ = dp.encode_tensor(x, "bf16")
+    assert y.dtype == ml_dtypes.bfloat16 and y.tobytes() == bytes(host)

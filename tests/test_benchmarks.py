@@ -224,6 +224,25 @@ def test_dataplane_tiny(tmp_path):
     assert fig["dataplane_pull_streams"] == 1, fig
 
 
+@pytest.mark.parametrize("form", ["runtime", "host"])
+def test_the_streaming_check_scores_a_serializing_data_plane_0(monkeypatch, form):
+    # The check can fail: with every pipeline made to finish its whole input before handing
+    # anything on (a sender that encodes the transfer before sending any of it, a reader
+    # that receives it all before the sink sees a tensor), both figures are 0.
+    import importlib.util
+
+    from dipsjax.transport import dataplane as dp
+
+    spec = importlib.util.spec_from_file_location(
+        "dataplane_bench", ROOT / "benchmarks/dataplane.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench._streams(form, seconds=20.0) == (1, 1)
+    monkeypatch.setattr(dp, "_pipelined", lambda items, fn, depth=2: iter([fn(x) for x in items]))
+    assert bench._streams(form, seconds=0.5) == (0, 0)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_control_plane_tiny(tmp_path):

@@ -349,25 +349,32 @@ class FollowerNode:
         """Carries out the core's commands in order: ``Save`` (the journal's on disk before
         the next command: a failed one raises and nothing after it is sent; a checkpoint
         started), ``Send``, ``Exit`` (returns False). The bookkeeping of an outer step
-        comes after its report."""
+        comes after its report, and also when the report fails (the leader died meanwhile:
+        the step was taken and journaled, and the follower joins again at its new version;
+        the failure is raised after the bookkeeping)."""
         after = None
-        for c in commands:
-            if isinstance(c, m.Save) and c.kind == "batch":
-                self._save_batch(c.round_id, c.version)
-            elif isinstance(c, m.Save) and c.kind == "inputs":
-                self._save_inputs(c.round_id, c.version)
-            elif isinstance(c, m.Save) and c.kind == "applied":
-                self._save_applied(c.round_id, c.version)
-                d, a = self.follower.last_applied
-                after = functools.partial(self._after_apply, d, a, c.version, apply_s)
-            elif isinstance(c, m.Save):
-                self._save_version(c.version)
-            elif isinstance(c, m.Send):
-                self.control.call(c.event)
-            elif isinstance(c, m.Exit):
-                self.exit_code = int(c.code)
-                log.info("exits (%d): %s", self.exit_code, c.reason)
-                return False
+        try:
+            for c in commands:
+                if isinstance(c, m.Save) and c.kind == "batch":
+                    self._save_batch(c.round_id, c.version)
+                elif isinstance(c, m.Save) and c.kind == "inputs":
+                    self._save_inputs(c.round_id, c.version)
+                elif isinstance(c, m.Save) and c.kind == "applied":
+                    self._save_applied(c.round_id, c.version)
+                    d, a = self.follower.last_applied
+                    after = functools.partial(self._after_apply, d, a, c.version, apply_s)
+                elif isinstance(c, m.Save):
+                    self._save_version(c.version)
+                elif isinstance(c, m.Send):
+                    self.control.call(c.event)
+                elif isinstance(c, m.Exit):
+                    self.exit_code = int(c.code)
+                    log.info("exits (%d): %s", self.exit_code, c.reason)
+                    return False
+        except Exception:  # the report failed (not SystemExit: a failed save ends the process)
+            if after is not None:
+                after()
+            raise
         if after is not None:
             after()
         return True

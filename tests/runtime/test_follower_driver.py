@@ -326,3 +326,27 @@ def test_a_decide_without_its_batch_is_named(tmp_path):
     next((tmp_path / "follower1" / "journal").glob("batch-*")).unlink()
     with pytest.raises(ValueError, match=r"decided-v000000000-r000000004\.json has no batch"):
         FollowerNode._redo(_node(tmp_path), None, None)
+
+
+def test_a_report_cut_by_the_leaders_death_still_gets_the_steps_bookkeeping(tmp_path):
+    # Found by test_faults' leader kill (a fresh-clone run, 2026-12-06): the leader died
+    # between a follower's outer step and its report. The step was taken and journaled and
+    # the follower rejoined at its new version, but the failed send skipped the step's
+    # bookkeeping: its line in decisions.jsonl, its log line, its timing.
+    import grpc
+
+    class Gone(grpc.RpcError):
+        pass
+
+    node = _node(tmp_path)
+    d, commands = _applied_round(node.follower)
+
+    def call(ev):
+        raise Gone("leader gone")
+
+    node.control.call = call
+    with pytest.raises(Gone):
+        FollowerNode.carry_out(node, commands, 0.25)
+    journal = tmp_path / "follower1" / "journal" / f"applied-v{1:09d}-r{4:09d}.json"
+    assert journal.exists() and node.follower.version == 1
+    assert node.log == [("after", d, node.follower.last_applied[1], 1, 0.25)]

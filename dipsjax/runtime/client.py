@@ -54,9 +54,10 @@ def control_target(addresses: tuple[str, ...]) -> tuple[str, str | None]:
     standby): one target naming them all (``ipv4:a:p,b:q``; names resolved here, each time
     a channel is made: a pod restarted elsewhere has a new address), so that gRPC's
     ``pick_first`` connects to whichever leader listens, the first it can, and the TLS name
-    to check is the first address's host (the job's certificate names both). A name that
-    does not resolve yet (a pod not scheduled) is left out; none resolving, the first
-    address alone (gRPC resolves it, again and again)."""
+    to check is the first address's host (the job's certificate names both). Addresses of
+    both families make one IPv6 target, the IPv4 ones mapped. A name that does not resolve
+    yet (a pod not scheduled) is left out; none resolving, the first address alone (gRPC
+    resolves it, again and again)."""
     import ipaddress
     import socket
 
@@ -78,7 +79,9 @@ def control_target(addresses: tuple[str, ...]) -> tuple[str, str | None]:
     if not parts:
         return addresses[0], None
     if any(ip.version == 6 for ip, _ in parts):
-        six = [(ip, p) for ip, p in parts if ip.version == 6]
+        # One target holds one family: IPv4 addresses join as IPv4-mapped IPv6 ones
+        # (::ffff:a.b.c.d), which gRPC's dual-stack client sockets reach over IPv4.
+        six = [(ip if ip.version == 6 else f"::ffff:{ip}", p) for ip, p in parts]
         return "ipv6:" + ",".join(f"[{ip}]:{p}" for ip, p in six), first
     return "ipv4:" + ",".join(f"{ip}:{p}" for ip, p in parts), first
 

@@ -9,15 +9,7 @@ import grpc
 import pytest
 
 from dipsjax.runtime.client import control_target
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-        return True
-    except OSError:
-        return False
+from tests.runtime.test_hostile_control import _ipv6_loopback
 
 
 def test_one_address_is_its_own_target():

@@ -19,6 +19,9 @@ picks from include it: either leader process, active or standing by, may be kill
 paused at any moment. The active leader's fault is detected when the other process claims
 the next epoch (its claim's time), and recovered when the new leader has written its
 status; the idle standby's, by the launcher's restart, and recovered when it runs again.
+An idle standby paused is watched by nobody (no role depends on it): there is nothing to
+detect, and it has survived once it runs again as the same process; the pause's length is
+not reported as a recovery.
 
 After each fault it waits until the role is back (or 60 s) and records, on its own clock,
 how long the system took to **detect** it (the leader's record that a learner was evicted
@@ -146,6 +149,9 @@ class Chaos(LiveJob):
         fault["restarts"] = len(_json_lines(self.run / "restarts.jsonl"))
         fault["epoch"] = lease.newest_epoch(self.run)
         fault["active"] = self.spec.standby and self.active_leader() == role
+        # An idle standby paused: nobody watches it (no role depends on it), so there is
+        # nothing to detect; it is back once it runs again, the same process.
+        fault["watched"] = not (pause and role in LEADERS and not fault["active"])
         fault["at"], fault["wall"] = time.monotonic(), time.time()
         if pid is not None and self.launcher.poll() is None:  # (a pid of an ended run: reused)
             with contextlib.suppress(ProcessLookupError):
@@ -156,6 +162,7 @@ class Chaos(LiveJob):
                     time.sleep(pause)
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGCONT)
+                        fault["woken"] = True
 
                 threading.Thread(target=wake, daemon=True).start()
         fault["pid"] = pid
@@ -176,7 +183,7 @@ class Chaos(LiveJob):
             for fault in list(todo):
                 self._observe(fault, records)
                 done = fault["recover"] is not None and (
-                    fault["detect"] is not None or not fault["known"]
+                    fault["detect"] is not None or not (fault["known"] and fault["watched"])
                 )
                 if done or time.monotonic() > fault["at"] + seconds:
                     todo.remove(fault)
@@ -217,6 +224,9 @@ class Chaos(LiveJob):
             new = st.get("leader", {}).get("epoch", 0) > fault["epoch"]
             since = time.monotonic() - fault["at"] - (claimed["claimed"] - fault["wall"])
             return since, new or None
+        if not fault["watched"]:  # the idle standby paused: back once woken, still running
+            alive = fault.get("woken") and self.pids().get(role) == fault["pid"]
+            return None, alive or None
         if role in LEADERS:
             # Gone: the launcher's restart line (less its backoff: when it saw the death).
             # Back: a new leader process wrote its status.
@@ -403,6 +413,8 @@ def main() -> None:
                     continue
                 f["reported"] = True
                 seen = f"{f['detect']} s" if f["known"] else "n/a (not joined yet)"
+                if not f["watched"]:
+                    seen = "n/a (an idle standby paused: nobody watches it)"
                 print(
                     f"run {i}: killed {f['role']} ({f['moment']}): detected {seen}, "
                     f"recovered {f['recover']} s",
@@ -436,7 +448,7 @@ def main() -> None:
         mine = [f for f in all_faults if f["role"].startswith(role)]
         joined = [f for f in mine if f["known"]]
         for what in ("detect", "recover"):
-            seen = [f[what] for f in joined if f[what] is not None]
+            seen = [f[what] for f in joined if f[what] is not None and f["watched"]]
             if seen:  # the slowest of that role's faults
                 goal = "< 5" if what == "detect" else "< 30"
                 print(f"chaos_{role}_{what}_s: {max(seen):.2f} (goal: {goal})")

@@ -412,6 +412,24 @@ def test_chaos_knows_a_process_only_once_it_joined(monkeypatch):
     assert _joined_between(tape, first, {"role": "follower1", "n": 3})
 
 
+def test_chaos_counts_an_idle_standby_paused_as_back_once_it_runs_again(monkeypatch):
+    # Nobody watches an idle standby, so a pause of it has nothing to detect: it was once
+    # counted as not survived (chaos --standby --seed 11: 7 of 8), the run fine. It is back
+    # once woken as the same process; a restart (it died meanwhile) is not that.
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from chaos import Chaos
+
+    chaos = object.__new__(Chaos)
+    pids = {"standby": 7}
+    monkeypatch.setattr(chaos, "pids", lambda: pids, raising=False)
+    fault = {"role": "standby", "moment": "pause", "pid": 7, "watched": False, "known": True}
+    assert chaos._gone_back("standby", [], fault) == (None, None)  # still paused
+    fault["woken"] = True
+    assert chaos._gone_back("standby", [], fault) == (None, True)
+    pids["standby"] = 8  # a new process: the paused one died
+    assert chaos._gone_back("standby", [], fault) == (None, None)
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_chaos_tiny(tmp_path):

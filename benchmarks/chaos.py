@@ -36,8 +36,8 @@ diverged.
 twice the slowest learner's mean time between pushes; in each window a learner that was
 not down (between a kill and its next ``active`` record) counts as live, and as taking
 part if a push of it entered a decided round then; windows in which a follower or the
-leader was down are left out (no round could be applied). The figure is taking part over
-live.
+active leader was down are left out (no round could be applied; an idle standby's fault
+holds no round up, so its windows count). The figure is taking part over live.
 
 Goals (issue 17): every fault survived and every run finished (exit 0 at its budget), 0
 tokens lost, 0 batches twice or lost, detection < 5 s and recovery < 30 s per role, participation
@@ -191,9 +191,12 @@ class Chaos(LiveJob):
         for fault in faults:
             back = fault["recover"]
             span = [fault["t"], fault["t"] + back if back is not None else float("inf")]
-            if fault["role"].startswith("learner"):
-                self.down[int(fault["role"][7:])].append(span)
-            else:  # no round can be applied meanwhile: not a window to count participation in
+            role = fault["role"]
+            if role.startswith("learner"):
+                self.down[int(role[7:])].append(span)
+            elif role.startswith("follower") or not self.spec.standby or fault["active"]:
+                # No round can be applied meanwhile: not a window to count participation
+                # in. (An idle standby's fault holds no round up.)
                 self.outages.append(span)
 
     def _observe(self, fault: dict, records: list[dict]) -> None:

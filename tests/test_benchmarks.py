@@ -430,6 +430,32 @@ def test_chaos_counts_an_idle_standby_paused_as_back_once_it_runs_again(monkeypa
     assert chaos._gone_back("standby", [], fault) == (None, None)
 
 
+def test_chaos_leaves_out_of_participation_only_the_windows_a_fault_held_rounds_up_in(
+    monkeypatch,
+):
+    # A follower or the active leader down: no round can be applied, so those windows are
+    # left out. An idle standby's fault holds nothing up; its windows still count (they
+    # were all left out from an unwatched pause on, whose recovery was never seen).
+    import types
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    from chaos import Chaos
+
+    chaos = object.__new__(Chaos)
+    chaos.spec = types.SimpleNamespace(standby=True)
+    chaos.launcher = types.SimpleNamespace(poll=lambda: 0)  # the run over: nothing to watch
+    chaos.down, chaos.outages = {0: []}, []
+
+    def fault(role: str, active: bool) -> dict:
+        return {"role": role, "t": 5.0, "active": active}
+
+    chaos.watch([fault("standby", False), fault("leader", False)])
+    assert chaos.outages == []
+    chaos.watch([fault("standby", True), fault("follower1", False), fault("learner0", False)])
+    assert chaos.outages == [[5.0, float("inf")]] * 2
+    assert chaos.down[0] == [[5.0, float("inf")]]
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 def test_chaos_tiny(tmp_path):

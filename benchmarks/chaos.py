@@ -19,9 +19,9 @@ picks from include it: either leader process, active or standing by, may be kill
 paused at any moment. The active leader's fault is detected when the other process claims
 the next epoch (its claim's time), and recovered when the new leader has written its
 status; the idle standby's, by the launcher's restart, and recovered when it runs again.
-An idle standby paused is watched by nobody (no role depends on it): there is nothing to
-detect, and it has survived once it runs again as the same process; the pause's length is
-not reported as a recovery.
+The idle one of the two leader processes (the other known to hold the lease), paused, is
+watched by nobody (no round waits for it): there is nothing to detect, and it has survived
+once it runs again as the same process; the pause's length is not reported as a recovery.
 
 After each fault it waits until the role is back (or 60 s) and records, on its own clock,
 how long the system took to **detect** it (the leader's record that a learner was evicted
@@ -148,10 +148,13 @@ class Chaos(LiveJob):
         fault["known"] = role in LEADERS or any(_about(r, role) for r in records)
         fault["restarts"] = len(_json_lines(self.run / "restarts.jsonl"))
         fault["epoch"] = lease.newest_epoch(self.run)
-        fault["active"] = self.spec.standby and self.active_leader() == role
-        # An idle standby paused: nobody watches it (no role depends on it), so there is
-        # nothing to detect; it is back once it runs again, the same process.
-        fault["watched"] = not (pause and role in LEADERS and not fault["active"])
+        holder = self.active_leader() if self.spec.standby else None
+        fault["active"] = holder is not None and holder == role
+        # The idle one of two leader processes (the other known to hold the lease): no
+        # round waits for it. Paused, nobody watches it, so there is nothing to detect; it
+        # is back once it runs again, the same process.
+        fault["idle"] = role in LEADERS and holder is not None and holder != role
+        fault["watched"] = not (pause and fault["idle"])
         fault["at"], fault["wall"] = time.monotonic(), time.time()
         if pid is not None and self.launcher.poll() is None:  # (a pid of an ended run: reused)
             with contextlib.suppress(ProcessLookupError):
@@ -194,9 +197,9 @@ class Chaos(LiveJob):
             role = fault["role"]
             if role.startswith("learner"):
                 self.down[int(role[7:])].append(span)
-            elif role.startswith("follower") or not self.spec.standby or fault["active"]:
+            elif not fault["idle"]:
                 # No round can be applied meanwhile: not a window to count participation
-                # in. (An idle standby's fault holds no round up.)
+                # in. (An idle leader process's fault holds no round up.)
                 self.outages.append(span)
 
     def _observe(self, fault: dict, records: list[dict]) -> None:
@@ -227,7 +230,7 @@ class Chaos(LiveJob):
             new = st.get("leader", {}).get("epoch", 0) > fault["epoch"]
             since = time.monotonic() - fault["at"] - (claimed["claimed"] - fault["wall"])
             return since, new or None
-        if not fault["watched"]:  # the idle standby paused: back once woken, still running
+        if not fault["watched"]:  # the idle leader process paused: back once woken, the same
             alive = fault.get("woken") and self.pids().get(role) == fault["pid"]
             return None, alive or None
         if role in LEADERS:
@@ -416,11 +419,12 @@ def main() -> None:
                     continue
                 f["reported"] = True
                 seen = f"{f['detect']} s" if f["known"] else "n/a (not joined yet)"
+                back = f"recovered {f['recover']} s"
                 if not f["watched"]:
-                    seen = "n/a (an idle standby paused: nobody watches it)"
+                    seen = f"n/a (the idle {f['role']} process: nobody watches it)"
+                    back = "back (woken)" if f["recover"] is not None else "not back"
                 print(
-                    f"run {i}: killed {f['role']} ({f['moment']}): detected {seen}, "
-                    f"recovered {f['recover']} s",
+                    f"run {i}: killed {f['role']} ({f['moment']}): detected {seen}, {back}",
                     flush=True,
                 )
         got = chaos.finish()

@@ -422,7 +422,7 @@ def test_chaos_counts_an_idle_standby_paused_as_back_once_it_runs_again(monkeypa
     chaos = object.__new__(Chaos)
     pids = {"standby": 7}
     monkeypatch.setattr(chaos, "pids", lambda: pids, raising=False)
-    fault = {"role": "standby", "moment": "pause", "pid": 7, "watched": False, "known": True}
+    fault = {"role": "standby", "moment": "pause", "pid": 7, "watched": False, "idle": True}
     assert chaos._gone_back("standby", [], fault) == (None, None)  # still paused
     fault["woken"] = True
     assert chaos._gone_back("standby", [], fault) == (None, True)
@@ -446,12 +446,12 @@ def test_chaos_leaves_out_of_participation_only_the_windows_a_fault_held_rounds_
     chaos.launcher = types.SimpleNamespace(poll=lambda: 0)  # the run over: nothing to watch
     chaos.down, chaos.outages = {0: []}, []
 
-    def fault(role: str, active: bool) -> dict:
-        return {"role": role, "t": 5.0, "active": active}
+    def fault(role: str, idle: bool = False) -> dict:
+        return {"role": role, "t": 5.0, "idle": idle}
 
-    chaos.watch([fault("standby", False), fault("leader", False)])
+    chaos.watch([fault("standby", idle=True), fault("leader", idle=True)])
     assert chaos.outages == []
-    chaos.watch([fault("standby", True), fault("follower1", False), fault("learner0", False)])
+    chaos.watch([fault("standby"), fault("follower1"), fault("learner0")])
     assert chaos.outages == [[5.0, float("inf")]] * 2
     assert chaos.down[0] == [[5.0, float("inf")]]
 

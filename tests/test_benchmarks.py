@@ -69,18 +69,10 @@ def test_solo_server_reference_round_measures_against_its_start():
     import jax
     import numpy as np
 
-    from dipsjax.learner import InnerOptimizerConfig, Learner, make_partition_mesh
-    from dipsjax.model.configs import get_config
     from dipsjax.runtime.partition import Compute, Partition
+    from tests.runtime.test_compute_wire import tiny_learner
 
-    learner = Learner(
-        get_config("tiny"),
-        InnerOptimizerConfig(learning_rate=1e-2, weight_decay=0.0),
-        mesh=make_partition_mesh(),
-        learner_id=0,
-        seed=0,
-        donate=False,
-    )
+    learner = tiny_learner()
     compute = Compute(learner, "server", Partition())
     with pytest.raises(ValueError, match="version it started from"):
         compute.call("round", [np.zeros((8, 17), np.int32)] * 2, 2, None)

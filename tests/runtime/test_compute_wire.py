@@ -12,8 +12,10 @@ from dipsjax.runtime.partition import Compute, Partition
 from dipsjax.transport import dataplane as dp
 
 
-def test_a_bf16_wire_leaves_the_device_as_the_host_would_encode_it():
-    learner = Learner(
+def tiny_learner() -> Learner:
+    """The tiny model's learner on one device, its buffers not donated (a round's start is
+    kept to take it again)."""
+    return Learner(
         get_config("tiny"),
         InnerOptimizerConfig(learning_rate=1e-2, weight_decay=0.0),
         mesh=make_partition_mesh(),
@@ -21,7 +23,10 @@ def test_a_bf16_wire_leaves_the_device_as_the_host_would_encode_it():
         seed=0,
         donate=False,
     )
-    compute = Compute(learner, "start", Partition(), ml_dtypes.bfloat16)
+
+
+def test_a_bf16_wire_leaves_the_device_as_the_host_would_encode_it():
+    compute = Compute(tiny_learner(), "start", Partition(), ml_dtypes.bfloat16)
     batches = [np.random.default_rng(i).integers(0, 256, (8, 17), np.int32) for i in range(2)]
     compute.call("warm_up", batches[0], 2)  # compiles the cast too; puts the learner back
     start = compute.call("params")

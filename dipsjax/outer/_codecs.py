@@ -194,7 +194,9 @@ def encode(x: jax.Array, codec: Codec = "bf16", *, block_size: int | None = None
         return Encoded(payload, levels, block_size=block_size, **meta)
     levels = _LEVELS[codec]
     blocks = _blocks(x.astype(jnp.float32), block_size)
-    scales = jnp.max(jnp.abs(blocks), axis=1) / levels
+    # A product, not ``/ levels``: XLA may turn a division by a constant into this product
+    # under jit and not eagerly (jax 0.12.1 does), and the scales must not depend on it.
+    scales = jnp.max(jnp.abs(blocks), axis=1) * np.float32(1.0 / levels)
     safe = jnp.where(scales > 0, scales, 1.0)[:, None]
     q = jnp.clip(jnp.round(blocks / safe), -levels, levels).astype(jnp.int8)
     if codec == "int8":

@@ -149,8 +149,13 @@ def test_remat_policies_give_the_same_numbers_in_less_activation_memory():
     for policy in ("full", "save_dots", "save_dots_no_batch"):
         loss, grads, temps[policy] = _loss_grads_and_temp_bytes(get_config("tiny", remat=policy))
         assert loss == ref_loss
+        # Gradients to the last bits of each leaf: the recomputed forward is another XLA
+        # program, which may round differently. Up to jax 0.12.0 they were equal bit for bit;
+        # 0.12.1 gives the first layer's gradients up to 2 ulps of each leaf's largest value
+        # apart (the same for all three policies); a real difference (a missing term) is far larger.
         for got, want in zip(grads, ref_grads, strict=True):
-            np.testing.assert_array_equal(got, want)
+            ulp = np.spacing(np.max(np.abs(want)).astype(np.float32))
+            assert np.max(np.abs(got - want)) <= 4 * ulp
     # XLA's own plan of the compiled program's scratch memory: every policy keeps less than
     # keeping everything, and recomputing everything less than keeping the matmul outputs.
     # (On a model this small the two "dots" policies' order is the scheduler's choice.)

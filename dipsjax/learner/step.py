@@ -373,7 +373,7 @@ def _inner_functions(
     if mesh is None:
         # Fresh state is committed to the device, as the step's outputs are: otherwise
         # the second step (its inputs committed) compiles the step again.
-        here = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        here = jax.sharding.make_single_device_sharding(jax.local_devices()[0])
         return _InnerFunctions(
             tx=tx,
             graphdef=graphdef,

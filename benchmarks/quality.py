@@ -21,6 +21,11 @@ figure                        a against b                                 goal
 ``decoupled_k1_vs_km_eta100`` Decoupled K=1 + grace vs K=M, eta 100       gap <= 2%, sooner
 ``..._token_scale_...``       the same, K=1 with ``round_token_scale``    gap <= 2%, sooner
                               (EXTENSION)
+``..._targeted_...``          the same, K=1's window waiting only for     gap <= 2%, sooner
+                              learners expected in it (``grace_targeted``,
+                              EXTENSION)
+``decoupled_k1_vs_km_eta50``  Decoupled K=1 + grace vs K=M at eta 50,     gap <= 2%, sooner
+                              with and without ``grace_targeted``
 ``{dips,decoupled}_stat2_ef`` 2-bit + error feedback vs BF16 (EXTENSION)  gap <= 1%
                               (Di-PS; Decoupled at K=M)
 ``{dips,decoupled}_stat2``    2-bit without error feedback vs BF16        gap > 1% (control)
@@ -39,7 +44,7 @@ H inner steps) and each method's defaults, for ``--rounds`` rounds' worth of tok
 format and runner: a second call runs only what is missing, and the ladder's own runs with
 the same settings are reused when ``--out`` is the ladder's directory).
 
-Run: ``.venv/bin/python benchmarks/quality.py --out runs/quality`` (72 runs, about 90 minutes on
+Run: ``.venv/bin/python benchmarks/quality.py --out runs/quality`` (84 runs, about 105 minutes on
 two cores); ``--tiny`` for the form the tests run (2 rounds, H=2, one seed).
 """
 
@@ -170,6 +175,21 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
             dict(max_gap=0.02, sooner=True),
         ),
     }
+    # EXTENSION: K=1's window waits only for the learners expected within it; and both
+    # at eta 50, where the full window makes K=1 finish later than K=M.
+    for eta, name in ((args.eta, "eta100"), (args.eta / 2, "eta50")):
+        for targeted in (False, True):
+            if name == "eta100" and not targeted:
+                continue  # decoupled_k1_vs_km_eta100, above
+            label = "decoupled_k1" + ("_targeted" if targeted else "") + f"_vs_km_{name}"
+            extra = dict(grace_targeted=True) if targeted else {}
+            out[label] = (
+                *pair(
+                    dict(label="decoupled_k1", m=m, eta=eta, **extra),
+                    dict(label="decoupled_km", m=m, eta=eta),
+                ),
+                dict(max_gap=0.02, sooner=True),
+            )
     goals = {
         "stat2_ef": dict(max_gap=0.01),
         "stat2": dict(min_gap=0.01),

@@ -212,6 +212,7 @@ SIM: dict[str, Rule] = {
     "grace_seconds": Real(0, 86400),
     "quorum": Int(1, MAX_LEARNERS),
     "grace_gamma": Real(0, 0.999999),
+    "grace_targeted": BOOL,
     "rda": BOOL,
     "round_token_scale": BOOL,
     "refuse_nonfinite": BOOL,

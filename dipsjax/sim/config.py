@@ -85,7 +85,9 @@ class SimConfig:
     fixed (DiLoCo's per-worker data shards): synchronous DiLoCo's rounds then do not depend
     on timing, and a run stopped and resumed ends where an uninterrupted one does.
 
-    Extensions (not in the papers, off by default): ``round_token_scale`` (scale a partial
+    Extensions (not in the papers, off by default): ``grace_targeted`` (Decoupled DiLoCo's
+    quorum window, still at most ``gamma * slack``, waits only for the learners expected
+    within it, :class:`dipsjax.syncer.grace.QuorumGrace`); ``round_token_scale`` (scale a partial
     round by its share of a full round's tokens); ``refuse_nonfinite`` (each follower refuses
     a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
     comes back as a new incarnation. Off: the push is staged and the leader rejects it in
@@ -145,6 +147,7 @@ class SimConfig:
     grace_seconds: float = 8.0
     quorum: int = 1
     grace_gamma: float = 0.9
+    grace_targeted: bool = False
     rda: bool = True
     round_token_scale: bool = False
     refuse_nonfinite: bool = False
@@ -361,6 +364,7 @@ class SimConfig:
             grace_seconds=self.grace_seconds,
             quorum=self.quorum,
             grace_gamma=self.grace_gamma,
+            grace_targeted=self.grace_targeted,
             rda=self.rda,
             round_token_scale=self.round_token_scale,
             full_round_tokens=self.full_round_tokens,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 
 class GracePolicy:
@@ -36,19 +37,25 @@ class GracePolicy:
     """
 
     rearm: bool = True
+    targeted: bool = False  # the leader asks the window again as pushes arrive
 
     def quorum(self, members: int) -> int:
         """Pushes needed before the window starts (at least 1)."""
         del members
         return 1
 
-    def window(self, now: float) -> float:
-        """Window length in seconds, asked when the round reaches its quorum."""
-        del now
+    def window(self, now: float, absent: Sequence[int] = ()) -> float:
+        """Window length in seconds, asked when the round reaches its quorum (and, for a
+        targeted window, again as pushes arrive). ``absent``: the active learners not in the
+        round."""
+        del now, absent
         return 0.0
 
     def observe_push(self, learner: int, now: float, *, train_seconds: float = 0.0) -> None:
         """A push request arrived at ``now``; its round's inner steps took ``train_seconds``."""
+
+    def observe_start(self, learner: int, now: float) -> None:
+        """``learner`` finished its pull at ``now``: it trains its next round from there."""
 
     def observe_round(
         self, *, opened: float, quorum_at: float, closed: float, ended: float
@@ -79,6 +86,8 @@ class GracePolicy:
         cls = table[state["policy"]]
         policy = cls()
         for f in dataclasses.fields(cls):
+            if f.name not in state["fields"]:  # a snapshot from before the field: its default
+                continue
             value = state["fields"][f.name]
             if isinstance(getattr(policy, f.name), dict):
                 value = {k: v for k, v in value}
@@ -101,8 +110,8 @@ class FixedGrace(GracePolicy):
         if self.seconds < 0:
             raise ValueError(f"FixedGrace.seconds must be >= 0, got {self.seconds}")
 
-    def window(self, now: float) -> float:
-        del now
+    def window(self, now: float, absent: Sequence[int] = ()) -> float:
+        del now, absent
         return self.seconds
 
     def describe(self) -> dict:
@@ -173,8 +182,8 @@ class DynamicGrace(GracePolicy):
         a = self.smoothing
         self._miss_cost = cost if self._miss_cost is None else a * cost + (1 - a) * self._miss_cost
 
-    def window(self, now: float) -> float:
-        del now
+    def window(self, now: float, absent: Sequence[int] = ()) -> float:
+        del now, absent
         return min(optimal_grace(self.rate, self.miss_cost), self.max_window)
 
     def describe(self) -> dict:
@@ -204,18 +213,35 @@ class QuorumGrace(GracePolicy):
     ``train + window + sync`` seconds, so an interval-based estimate contains the previous
     window and the window converges to about ``gamma / (1 - gamma)`` times the compute.
 
+    A *targeted* window (``targeted=True``, off by default) is never longer than that bound,
+    but waits only for the learners expected within it: each absent learner is expected at
+    the end of its last pull plus its reported training time (learners that wait for their
+    pull, the default), and the window ends ``margin`` times that training time after the
+    last arrival expected inside the bound (or within that margin past it: such a learner
+    may come early, and the whole window waits for it), or at once when no absent learner
+    is; it is asked again as pushes arrive. The full window waits its whole length
+    even when every absent learner is training and cannot arrive in it, while the learners
+    in the round wait for their pull (``docs/benchmarks.md``: at eta 50 a quorum of 1 then
+    finishes later than a quorum of all).
+
     Attributes:
       k: learners needed to merge (1..M; values above the current membership use M).
       gamma: fraction of the slack spent waiting (default 0.9).
       grace: whether to wait at all after the quorum.
+      targeted: wait only for the learners expected within the window (above).
+      margin: a targeted window's allowance past an expected arrival, as a fraction of
+        that learner's training time.
     """
 
     rearm = False
     k: int = 1
     gamma: float = 0.9
     grace: bool = True
+    targeted: bool = False
+    margin: float = 0.1
     smoothing: float = 0.2
     _train: dict = dataclasses.field(default_factory=dict, repr=False)
+    _started: dict = dataclasses.field(default_factory=dict, repr=False)
     _quorum_wait: float = dataclasses.field(default=0.0, repr=False)
     _sync: float = dataclasses.field(default=0.0, repr=False)
 
@@ -226,6 +252,8 @@ class QuorumGrace(GracePolicy):
             raise ValueError(f"QuorumGrace.gamma must be in [0, 1), got {self.gamma}")
         if not 0 < self.smoothing <= 1:
             raise ValueError(f"QuorumGrace.smoothing must be in (0, 1], got {self.smoothing}")
+        if not 0 <= self.margin <= 1:
+            raise ValueError(f"QuorumGrace.margin must be in [0, 1], got {self.margin}")
 
     def quorum(self, members: int) -> int:
         return max(1, min(self.k, members))
@@ -254,6 +282,10 @@ class QuorumGrace(GracePolicy):
 
     def forget_learner(self, learner: int) -> None:
         self._train.pop(str(learner), None)
+        self._started.pop(str(learner), None)
+
+    def observe_start(self, learner: int, now: float) -> None:
+        self._started[str(learner)] = now
 
     def observe_round(
         self, *, opened: float, quorum_at: float, closed: float, ended: float
@@ -262,11 +294,21 @@ class QuorumGrace(GracePolicy):
         self._quorum_wait = a * max(quorum_at - opened, 0.0) + (1 - a) * self._quorum_wait
         self._sync = a * max(ended - closed, 0.0) + (1 - a) * self._sync
 
-    def window(self, now: float) -> float:
-        del now
+    def window(self, now: float, absent: Sequence[int] = ()) -> float:
         if not self.grace:
             return 0.0
-        return max(self.gamma * self.slack, 0.0)
+        bound = max(self.gamma * self.slack, 0.0)
+        if not self.targeted:
+            return bound
+        waits = []
+        for j in absent:
+            train, start = self._train.get(str(j)), self._started.get(str(j))
+            if train is None or start is None:
+                return bound  # nothing to expect it by: the whole window
+            due = max(start + train - now, 0.0)
+            if due <= bound + self.margin * train:  # one due just past it may come early
+                waits.append(due + self.margin * train)
+        return min(max(waits), bound) if waits else 0.0
 
     def describe(self) -> dict:
         return {"policy": "QuorumGrace", "k": self.k, "slack": self.slack, "window": self.window(0)}

@@ -740,6 +740,7 @@ class Leader:
 
     def _on_PullDone(self, ev: PullDone) -> list[Action]:
         self._seen(ev.learner, ev.t)
+        self.grace.observe_start(ev.learner, ev.t)
         member = self.members.get(ev.learner)
         if member is not None and not member.active:
             member.active = True
@@ -1159,11 +1160,20 @@ class Leader:
                 self.round = None  # its only learners were evicted
                 return self._open_next(t)
             members = max(len(self.active_members()), self.config.min_active, 1)
+            here = {p.learner for p in rnd.pushes}
+            absent = [j for j in self.active_members() if j not in here]
             if rnd.quorum_at is None and len(rnd.pushes) >= self.grace.quorum(members):
                 rnd.quorum_at = t
-                rnd.grace = self.grace.window(t)
+                rnd.grace = self.grace.window(t, absent)
                 rnd.deadline = t + rnd.grace
                 actions.append(WakeAt(rnd.deadline))
+            elif rnd.deadline is not None and self.grace.targeted:
+                # A targeted window only shortens as the learners it waits for arrive.
+                sooner = t + self.grace.window(t, absent)
+                if sooner < rnd.deadline:
+                    rnd.deadline = sooner
+                    rnd.grace = sooner - rnd.quorum_at
+                    actions.append(WakeAt(sooner))
             everyone = set(self.active_members()) <= {p.learner for p in rnd.pushes}
             if rnd.deadline is not None and (t >= rnd.deadline or everyone or self._round_full()):
                 rnd.closed = t

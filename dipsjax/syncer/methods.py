@@ -55,6 +55,8 @@ class MethodSettings:
       grace: grace policy name overriding the method's default (``''``: the default).
       grace_seconds: window of the ``fixed`` policy.
       quorum, grace_gamma: Decoupled DiLoCo's ``K`` and ``gamma``.
+      grace_targeted: the quorum window waits only for the learners expected within it
+        (:class:`dipsjax.syncer.grace.QuorumGrace`; off by default).
       rda: Decoupled DiLoCo merges with RDA (else the weighted mean).
       round_token_scale: EXTENSION (not in the papers, off by default): scale a round that
         merges fewer than all learners by its share of a full round's tokens
@@ -86,6 +88,7 @@ class MethodSettings:
     grace_seconds: float = 8.0
     quorum: int = 1
     grace_gamma: float = 0.9
+    grace_targeted: bool = False
     rda: bool = True
     round_token_scale: bool = False
     full_round_tokens: float | None = None
@@ -277,7 +280,9 @@ def _grace(s: MethodSettings, default: str) -> grace_lib.GracePolicy:
     if name == "dynamic":
         return grace_lib.DynamicGrace()
     if name == "quorum":
-        return grace_lib.QuorumGrace(k=s.quorum, gamma=s.grace_gamma, grace=True)
+        return grace_lib.QuorumGrace(
+            k=s.quorum, gamma=s.grace_gamma, grace=True, targeted=s.grace_targeted
+        )
     if name == "none":
         return grace_lib.NoGrace()
     raise ValueError(f"grace policy must be one of none, fixed, dynamic, quorum; got {name!r}")

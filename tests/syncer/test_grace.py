@@ -1,5 +1,6 @@
 """Grace policies: Di-PS tau* formula and its online estimates; Decoupled quorum + slack."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -75,6 +76,42 @@ def test_quorum_grace_window_does_not_feed_on_itself():
         q.observe_round(opened=t, quorum_at=t, closed=t + window, ended=t + window + sync)
         t += window + sync + compute  # the learner waited for its pull, then trained
     assert q.window(t) == pytest.approx(0.9 * (compute - sync), rel=1e-6)
+
+
+def test_a_targeted_quorum_window_waits_only_for_learners_expected_within_it():
+    """EXTENSION (``targeted``): learner j is expected at its last pull plus its reported
+    training time; the window ends ``margin`` times that training time after the last
+    arrival expected inside the bound ``gamma * slack`` (or within that margin past it), at
+    once when none is, and is never longer than the bound."""
+    q = grace.QuorumGrace(k=1, gamma=0.5, targeted=True, margin=0.1, smoothing=1.0)
+    for j, train in ((0, 100.0), (1, 120.0), (2, 130.0)):
+        q.observe_push(j, 0.0, train_seconds=train)
+    q.observe_round(opened=0.0, quorum_at=0.0, closed=0.0, ended=20.0)
+    bound = 0.5 * (100.0 - 20.0)  # gamma * (the shortest report - the sync): 40 s
+    q.observe_start(1, 900.0)  # due at 1020
+    q.observe_start(2, 950.0)  # due at 1080
+    assert q.window(1000.0, absent=[1, 2]) == pytest.approx(20.0 + 0.1 * 120.0)  # 1 only
+    assert q.window(1000.0, absent=[2]) == 0.0  # 2 is due past the bound: close at once
+    # 5 s past the bound, within its margin of 13 s: it may come early, the whole window
+    assert q.window(1035.0, absent=[2]) == pytest.approx(bound)
+    assert q.window(1030.0, absent=[1]) == pytest.approx(0.1 * 120.0)  # overdue: a margin
+    assert q.window(1000.0, absent=[1, 3]) == pytest.approx(bound)  # 3: nothing to go by
+    assert q.window(1000.0, absent=[]) == 0.0
+    q.observe_start(1, 990.0)  # due at 1110, the margin would pass the bound: the bound
+    assert q.window(1000.0 + 110.0 - bound + 1.0, absent=[1]) == pytest.approx(bound)
+    full = dataclasses.replace(q, targeted=False)
+    assert full.window(1000.0, absent=[2]) == pytest.approx(bound)  # the default: all of it
+    q.forget_learner(1)
+    assert q.window(1000.0, absent=[1]) == pytest.approx(bound)
+    with pytest.raises(ValueError, match="margin"):
+        grace.QuorumGrace(margin=2.0)
+
+
+def test_a_snapshot_from_before_a_field_loads_with_its_default():
+    state = grace.QuorumGrace(k=2).state_dict()
+    for name in ("targeted", "margin", "_started"):
+        del state["fields"][name]
+    assert grace.GracePolicy.from_state_dict(state) == grace.QuorumGrace(k=2)
 
 
 def test_policy_state_round_trips_through_json():

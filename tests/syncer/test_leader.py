@@ -1070,3 +1070,38 @@ def test_relative_clip_uses_the_median_of_earlier_merged_norms_and_survives_a_sn
     assert factors[2] < 1.0 and factors[5] < 1.0 and factors[4] == 1.0  # it binds, and not
     with pytest.raises(ValueError, match="clip_relative"):
         LeaderConfig(max_norm=None, clip_relative=True)
+
+
+@pytest.mark.parametrize("targeted", [False, True])
+def test_a_targeted_quorum_window_closes_once_no_absent_learner_is_expected(targeted):
+    """EXTENSION (``QuorumGrace.targeted``): the leader tells the policy when each learner
+    finished its pull (``PullDone``) and asks the window again as pushes arrive; it only
+    ever shortens. The full window (the default) waits its whole bound for learners that
+    are training and cannot arrive in it."""
+    leader = Leader(
+        LeaderConfig(penalty=False),
+        QuorumGrace(k=1, gamma=0.9, smoothing=1.0, targeted=targeted),
+    )
+    join_all(leader, 3)  # every learner starts training at 0
+    leader.handle(push(10.0, 0, 10, 1, 0, train_seconds=10.0))
+    leader.handle(push(12.0, 1, 10, 1, 0, train_seconds=12.0))
+    # No estimate of learner 2 yet: both wait the bound, 0.9 * (10 - 0) s after the quorum.
+    assert leader.round.deadline == pytest.approx(19.0)
+    leader.handle(L.Tick(19.0))
+    leader.handle(push(19.5, 2, 10, 1, 0, train_seconds=25.0))  # missed it: waits
+    finish_round(leader, 20.0)  # 0 and 1 pulled at 20: due at 30 and 32
+    # Learner 2's round opens at 20 with a bound of 0.9 * (10 - 1) = 8.1 s (1 s of sync).
+    rnd = leader.round
+    assert [p.learner for p in rnd.pushes] == [2] and rnd.quorum_at == 20.0
+    if not targeted:
+        assert rnd.deadline == pytest.approx(28.1) and rnd.closed is None
+        return
+    assert rnd.closed == 20.0 and rnd.grace == 0.0  # nobody is due before 28.1: at once
+    finish_round(leader, 21.0)  # learner 2 pulled at 21: due at 46
+    leader.handle(push(30.0, 0, 10, 1, 1, train_seconds=10.0))
+    # Learner 1 is due at 32 (plus a margin of 0.1 x 12 s); learner 2 past the bound (and
+    # past its own margin of 2.5 s beyond it, within which it might come early).
+    assert leader.round.deadline == pytest.approx(32.0 + 1.2)
+    leader.handle(push(31.5, 1, 10, 1, 1, train_seconds=12.0))
+    assert leader.round.closed == 31.5  # the one it waited for is in
+    assert leader.round.grace == pytest.approx(1.5)

@@ -338,6 +338,19 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
         False,
     ),
     (
+        "sim.grace_targeted",
+        "false unless the grace policy is the quorum's (sim.grace 'quorum', or Decoupled "
+        "DiLoCo's own) and learners wait for their pull (sim.overlap false)",
+        lambda s: (
+            not s["grace_targeted"]
+            or (
+                (s["grace"] == "quorum" or (s["grace"] == "" and s["method"] == "decoupled"))
+                and not s["overlap"]
+            )
+        ),
+        False,
+    ),
+    (
         "sim.chunk_len",
         ">= sim.batch_size * sim.seq_len (a chunk holds at least one batch)",
         lambda s: s["chunk_len"] >= s["batch_size"] * s["seq_len"],

@@ -15,10 +15,11 @@ codec      bytes per value             error bound (round to nearest)
 =========  ==========================  ===============================================
 
 Integer codecs are symmetric absmax quantizers with one FP32 scale per block of
-``block_size`` consecutive values (the flattened tensor, zero-padded): ``s = max|block| / q``
-with ``q = 127`` (int8) or ``7`` (int4), ``x' = s * round(x / s)``; the bounds of the table
-hold up to the FP32 rounding of ``x / s`` and ``s * q``, a factor ``1 + (4q + 1) 2**-24``
-(:func:`error_bound` includes it). A non-finite value turns
+``block_size`` consecutive values (the flattened tensor, zero-padded): ``s = max|block| * (1/q)``
+in FP32 (two roundings: the same bits eagerly and under ``jit``) with ``q = 127`` (int8) or
+``7`` (int4), ``x' = s * round(x / s)``; the bounds of the table hold up to the FP32
+rounding of ``s``, ``x / s`` and ``s * q``, a factor ``1 + (4q + 3) 2**-24`` (first order
+``(4q + 2) 2**-24``; :func:`error_bound` includes it). A non-finite value turns
 its whole block non-finite after decoding, so a corrupt contribution stays detectable.
 
 ``stat2`` (EXTENSION: a statistical 2-bit codec, not in the papers; meant to be used with
@@ -301,7 +302,7 @@ def error_bound(x: jax.Array, codec: Codec, *, block_size: int | None = None) ->
     if codec == "stat2":
         _, widths = _stat2_levels(blocks, _counts(x.size, blocks.shape[0], block_size))
         bound = widths[:, None] + absmax * 2.0**-8
-    else:  # x / s and s * q round in FP32: (4q + 1) units in the last place of 1 more
+    else:  # s (twice), x / s and s * q round in FP32: (4q + 3) units in the last place of 1
         q = _LEVELS[codec]
-        bound = absmax / (2 * q) * (1 + (4 * q + 1) * 2.0**-24)
+        bound = absmax / (2 * q) * (1 + (4 * q + 3) * 2.0**-24)
     return jnp.broadcast_to(bound, blocks.shape).reshape(-1)[: x.size].reshape(x.shape)

@@ -275,6 +275,12 @@ class SimConfig:
                 )
         self.anomaly()  # validates alpha, beta, warmup and the floors
         self.inner_optimizer()  # validates the inner_* fields
+        if self.grace_targeted and self.overlap:
+            raise ValueError(
+                "SimConfig.grace_targeted expects each learner at its pull plus its training "
+                "time, which holds only for learners that wait for their pull: it cannot be "
+                "combined with overlap=True"
+            )
 
     def _apply_preset(self) -> None:
         if not self.outer_preset:

@@ -37,18 +37,18 @@ class GracePolicy:
     """
 
     rearm: bool = True
-    targeted: bool = False  # the leader asks the window again as pushes arrive
+    targeted: bool = False  # the leader asks the window again as the round goes on
 
     def quorum(self, members: int) -> int:
         """Pushes needed before the window starts (at least 1)."""
         del members
         return 1
 
-    def window(self, now: float, absent: Sequence[int] = ()) -> float:
+    def window(self, now: float, absent: Sequence[int] = (), since: float | None = None) -> float:
         """Window length in seconds, asked when the round reaches its quorum (and, for a
-        targeted window, again as pushes arrive). ``absent``: the active learners not in the
-        round."""
-        del now, absent
+        targeted window, again as the round goes on). ``absent``: the active learners not in
+        the round; ``since``: when the round reached its quorum, for a window asked again."""
+        del now, absent, since
         return 0.0
 
     def observe_push(self, learner: int, now: float, *, train_seconds: float = 0.0) -> None:
@@ -110,8 +110,8 @@ class FixedGrace(GracePolicy):
         if self.seconds < 0:
             raise ValueError(f"FixedGrace.seconds must be >= 0, got {self.seconds}")
 
-    def window(self, now: float, absent: Sequence[int] = ()) -> float:
-        del now, absent
+    def window(self, now: float, absent: Sequence[int] = (), since: float | None = None) -> float:
+        del now, absent, since
         return self.seconds
 
     def describe(self) -> dict:
@@ -182,8 +182,8 @@ class DynamicGrace(GracePolicy):
         a = self.smoothing
         self._miss_cost = cost if self._miss_cost is None else a * cost + (1 - a) * self._miss_cost
 
-    def window(self, now: float, absent: Sequence[int] = ()) -> float:
-        del now, absent
+    def window(self, now: float, absent: Sequence[int] = (), since: float | None = None) -> float:
+        del now, absent, since
         return min(optimal_grace(self.rate, self.miss_cost), self.max_window)
 
     def describe(self) -> dict:
@@ -219,10 +219,11 @@ class QuorumGrace(GracePolicy):
     pull, the default), and the window ends ``margin`` times that training time after the
     last arrival expected inside the bound (or within that margin past it: such a learner
     may come early, and the whole window waits for it), or at once when no absent learner
-    is; it is asked again as pushes arrive. The full window waits its whole length
-    even when every absent learner is training and cannot arrive in it, while the learners
-    in the round wait for their pull (``docs/benchmarks.md``: at eta 50 a quorum of 1 then
-    finishes later than a quorum of all).
+    is; it is asked again as the round goes on (the bound counted from the quorum). The
+    full window waits its whole length even when every absent learner is training and
+    cannot arrive in it, while the learners in the round wait for their pull
+    (``docs/benchmarks.md``: at eta 50 a quorum of 1 then finishes later than a quorum of
+    all).
 
     Attributes:
       k: learners needed to merge (1..M; values above the current membership use M).
@@ -294,12 +295,14 @@ class QuorumGrace(GracePolicy):
         self._quorum_wait = a * max(quorum_at - opened, 0.0) + (1 - a) * self._quorum_wait
         self._sync = a * max(ended - closed, 0.0) + (1 - a) * self._sync
 
-    def window(self, now: float, absent: Sequence[int] = ()) -> float:
+    def window(self, now: float, absent: Sequence[int] = (), since: float | None = None) -> float:
         if not self.grace:
             return 0.0
         bound = max(self.gamma * self.slack, 0.0)
         if not self.targeted:
             return bound
+        if since is not None:  # asked again: what is left of the bound set at the quorum
+            bound = max(bound - (now - since), 0.0)
         waits = []
         for j in absent:
             train, start = self._train.get(str(j)), self._started.get(str(j))
@@ -311,7 +314,14 @@ class QuorumGrace(GracePolicy):
         return min(max(waits), bound) if waits else 0.0
 
     def describe(self) -> dict:
-        return {"policy": "QuorumGrace", "k": self.k, "slack": self.slack, "window": self.window(0)}
+        bound = max(self.gamma * self.slack, 0.0) if self.grace else 0.0
+        return {
+            "policy": "QuorumGrace",
+            "k": self.k,
+            "slack": self.slack,
+            "window": bound,
+            "targeted": self.targeted,
+        }
 
 
 def make_grace(name: str, **kwargs: object) -> GracePolicy:

@@ -1160,7 +1160,8 @@ class Leader:
                 self.round = None  # its only learners were evicted
                 return self._open_next(t)
             members = max(len(self.active_members()), self.config.min_active, 1)
-            here = {p.learner for p in rnd.pushes}
+            # Learners whose push waits for the next round cannot join this one.
+            here = {p.learner for p in rnd.pushes + self.waiting}
             absent = [j for j in self.active_members() if j not in here]
             if rnd.quorum_at is None and len(rnd.pushes) >= self.grace.quorum(members):
                 rnd.quorum_at = t
@@ -1169,7 +1170,7 @@ class Leader:
                 actions.append(WakeAt(rnd.deadline))
             elif rnd.deadline is not None and self.grace.targeted:
                 # A targeted window only shortens as the learners it waits for arrive.
-                sooner = t + self.grace.window(t, absent)
+                sooner = t + self.grace.window(t, absent, since=rnd.quorum_at)
                 if sooner < rnd.deadline:
                     rnd.deadline = sooner
                     rnd.grace = sooner - rnd.quorum_at

@@ -275,6 +275,11 @@ def _clip(s: MethodSettings, default: str) -> tuple[float | None, bool]:
 
 def _grace(s: MethodSettings, default: str) -> grace_lib.GracePolicy:
     name = s.grace or default
+    if s.grace_targeted and name != "quorum":
+        raise ValueError(
+            f"grace_targeted applies to the quorum grace policy (Decoupled DiLoCo's, or "
+            f"grace='quorum'), not to {name!r}"
+        )
     if name == "fixed":
         return grace_lib.FixedGrace(s.grace_seconds)
     if name == "dynamic":

@@ -103,8 +103,30 @@ def test_a_targeted_quorum_window_waits_only_for_learners_expected_within_it():
     assert full.window(1000.0, absent=[2]) == pytest.approx(bound)  # the default: all of it
     q.forget_learner(1)
     assert q.window(1000.0, absent=[1]) == pytest.approx(bound)
+    # Asked again 10 s after the quorum, the bound is what is left of it: 30 s.
+    q.observe_start(2, 950.0)  # due at 1080
+    assert q.window(1035.0, absent=[2], since=1025.0) == 0.0  # 45 s > 30 + 13
+    assert q.window(1035.0, absent=[2]) == pytest.approx(bound)
+    assert q.describe() == {
+        "policy": "QuorumGrace",
+        "k": 1,
+        "slack": 80.0,
+        "window": bound,
+        "targeted": True,
+    }
     with pytest.raises(ValueError, match="margin"):
         grace.QuorumGrace(margin=2.0)
+
+
+def test_a_targeted_window_is_refused_where_it_cannot_hold():
+    from dipsjax.sim.config import SimConfig
+    from dipsjax.syncer import methods
+
+    with pytest.raises(ValueError, match="overlap"):
+        SimConfig(method="decoupled", grace_targeted=True, overlap=True)
+    with pytest.raises(ValueError, match="quorum grace policy"):
+        methods._grace(methods.MethodSettings(grace_targeted=True), "dynamic")
+    assert methods._grace(methods.MethodSettings(grace_targeted=True), "quorum").targeted
 
 
 def test_a_snapshot_from_before_a_field_loads_with_its_default():
@@ -117,13 +139,21 @@ def test_a_snapshot_from_before_a_field_loads_with_its_default():
 def test_policy_state_round_trips_through_json():
     import json
 
-    for p in (grace.DynamicGrace(), grace.QuorumGrace(k=2), grace.FixedGrace(3.0), grace.NoGrace()):
+    policies = (
+        grace.DynamicGrace(),
+        grace.QuorumGrace(k=2),
+        grace.QuorumGrace(k=2, targeted=True),
+        grace.FixedGrace(3.0),
+        grace.NoGrace(),
+    )
+    for p in policies:
         p.observe_push(1, 2.0, train_seconds=5.0)
         p.observe_push(2, 4.0, train_seconds=6.0)
         p.observe_round(opened=0.0, quorum_at=1.0, closed=2.0, ended=9.0)
+        p.observe_start(1, 9.0)
         state = json.loads(json.dumps(p.state_dict()))
         q = grace.GracePolicy.from_state_dict(state)
-        assert q == p and q.window(10.0) == p.window(10.0)
+        assert q == p and q.window(10.0, [1]) == p.window(10.0, [1])
 
 
 def test_policies_validate_and_build_by_name():

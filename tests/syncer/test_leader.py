@@ -1088,7 +1088,7 @@ def test_a_targeted_quorum_window_closes_once_no_absent_learner_is_expected(targ
     # No estimate of learner 2 yet: both wait the bound, 0.9 * (10 - 0) s after the quorum.
     assert leader.round.deadline == pytest.approx(19.0)
     leader.handle(L.Tick(19.0))
-    leader.handle(push(19.5, 2, 10, 1, 0, train_seconds=25.0))  # missed it: waits
+    leader.handle(push(19.5, 2, 10, 1, 0, train_seconds=20.0))  # missed it: waits
     finish_round(leader, 20.0)  # 0 and 1 pulled at 20: due at 30 and 32
     # Learner 2's round opens at 20 with a bound of 0.9 * (10 - 1) = 8.1 s (1 s of sync).
     rnd = leader.round
@@ -1097,11 +1097,14 @@ def test_a_targeted_quorum_window_closes_once_no_absent_learner_is_expected(targ
         assert rnd.deadline == pytest.approx(28.1) and rnd.closed is None
         return
     assert rnd.closed == 20.0 and rnd.grace == 0.0  # nobody is due before 28.1: at once
-    finish_round(leader, 21.0)  # learner 2 pulled at 21: due at 46
+    finish_round(leader, 21.0)  # learner 2 pulled at 21: due at 41
     leader.handle(push(30.0, 0, 10, 1, 1, train_seconds=10.0))
-    # Learner 1 is due at 32 (plus a margin of 0.1 x 12 s); learner 2 past the bound (and
-    # past its own margin of 2.5 s beyond it, within which it might come early).
+    # Learner 1 is due at 32 (plus a margin of 0.1 x 12 s); learner 2, 11 s away, past the
+    # bound and its own margin of 2 s beyond it, within which it might come early.
     assert leader.round.deadline == pytest.approx(32.0 + 1.2)
     leader.handle(push(31.5, 1, 10, 1, 1, train_seconds=12.0))
-    assert leader.round.closed == 31.5  # the one it waited for is in
+    # The one it waited for is in. Asked again, the bound counts from the quorum (6.6 s
+    # left): learner 2, 9.5 s away now, is still not expected (a bound counted from now,
+    # 8.1 s, took it in and kept the round open to 33.2 for nobody).
+    assert leader.round.closed == 31.5
     assert leader.round.grace == pytest.approx(1.5)

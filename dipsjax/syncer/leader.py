@@ -1160,17 +1160,14 @@ class Leader:
                 self.round = None  # its only learners were evicted
                 return self._open_next(t)
             members = max(len(self.active_members()), self.config.min_active, 1)
-            # Learners whose push waits for the next round cannot join this one.
-            here = {p.learner for p in rnd.pushes + self.waiting}
-            absent = [j for j in self.active_members() if j not in here]
             if rnd.quorum_at is None and len(rnd.pushes) >= self.grace.quorum(members):
                 rnd.quorum_at = t
-                rnd.grace = self.grace.window(t, absent)
+                rnd.grace = self.grace.window(t, self._absent(rnd))
                 rnd.deadline = t + rnd.grace
                 actions.append(WakeAt(rnd.deadline))
             elif rnd.deadline is not None and self.grace.targeted:
                 # A targeted window only shortens as the learners it waits for arrive.
-                sooner = t + self.grace.window(t, absent, since=rnd.quorum_at)
+                sooner = t + self.grace.window(t, self._absent(rnd), since=rnd.quorum_at)
                 if sooner < rnd.deadline:
                     rnd.deadline = sooner
                     rnd.grace = sooner - rnd.quorum_at
@@ -1188,6 +1185,12 @@ class Leader:
         if rnd.phase is Phase.PULL and not rnd.pulling:
             actions += self._end_round(t)
         return actions
+
+    def _absent(self, rnd: Round) -> list[int]:
+        """The active learners a round's window may wait for: not in it, and without a push
+        waiting for the next round (which cannot join this one)."""
+        here = {p.learner for p in rnd.pushes + self.waiting}
+        return [j for j in self.active_members() if j not in here]
 
     def _request_norms(self, rnd: Round, t: float) -> list[Action]:
         limit = self.config.stale_limit()

@@ -313,10 +313,14 @@ class LearnerNode:
         self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
         # A push request whose answer never came (the leader died, or was deposed, after
         # it may have written the push down): its tokens, until the leader's word says
-        # whether it was booked (its plan, or a rejoin's ``SendModel.last_round`` newer than
-        # any round this process knows of its pushes: one push is in flight at a time).
+        # whether it was booked: its plan (a round newer than any this process knows of its
+        # pushes: one push is in flight at a time), or a rejoin's ``SendModel.booked``, the
+        # leader's count of this incarnation's pushes it booked, against this process's own
+        # count of the ones it knows were (``booked_pushes``). A round id cannot say it of a
+        # push that waited for a round: dropped there, it has none.
         self.in_doubt = 0
         self.known_round = -1
+        self.booked_pushes = 0
         self.reported = (
             json.loads(self.reported_path.read_text())["tokens"]
             if (resume or incarnation > 0) and self.reported_path.exists()
@@ -444,7 +448,7 @@ class LearnerNode:
             self._on_worker(self.save, c)
             return []
         if isinstance(c, m.Restore):
-            self._settle_in_doubt(c.last_round)
+            self._settle_in_doubt(c.last_round, c.booked)
             return self._on_worker(self.restore, c)
         if isinstance(c, m.Settle):
             assert self.feedback is not None, "Settle without error feedback"
@@ -483,6 +487,7 @@ class LearnerNode:
         self.lost_since = None
         if isinstance(event, m.PushRequested) and booked(replies, self.control.refused):
             self.reported += event.meta.tokens  # the leader has it (refused ones too)
+            self.booked_pushes += 1
             self._write_reported()
         out: list[m.Command] = []
         for a in replies:  # a refused join is answered to its caller
@@ -661,17 +666,34 @@ class LearnerNode:
                 self._count_in_doubt(f"its plan for round {action.round_id} came")
             self.known_round = max(self.known_round, action.round_id)
 
-    def _settle_in_doubt(self, last_round: int) -> None:
-        """A rejoin's word on this learner's last push (``SendModel.last_round``): one in
-        doubt was booked if that round is newer than every round this process knows."""
-        if self.in_doubt and last_round > self.known_round:
+    def _settle_in_doubt(self, last_round: int, booked: int = -1) -> None:
+        """A rejoin's word on this learner's pushes (``SendModel``): one in doubt was booked
+        if the leader booked more of this incarnation's pushes than this process knows of
+        (``booked``), or, where the leader does not say (``-1``), if its last settled push
+        is of a round newer than every round this process knows. The leader's count is then
+        this process's own: a process resumed from a checkpoint (a whole run's ``--resume``
+        keeps incarnations) starts from what its predecessor pushed."""
+        if self.in_doubt and booked >= 0:
+            if booked > self.booked_pushes + 1:  # more than the one in doubt
+                log.error(
+                    "the leader booked %d pushes of this incarnation; this process knows of "
+                    "%d and one in doubt: counted that one",
+                    booked,
+                    self.booked_pushes,
+                )
+            if booked > self.booked_pushes:
+                self._count_in_doubt(f"the leader booked {booked} of its pushes")
+        elif self.in_doubt and last_round > self.known_round:
             self._count_in_doubt(f"the leader settled it in round {last_round}")
         self.in_doubt = 0
         self.known_round = max(self.known_round, last_round)
+        if booked >= 0:
+            self.booked_pushes = booked
 
     def _count_in_doubt(self, why: str) -> None:
         log.info("a push request whose answer was lost was booked (%s): counted", why)
         self.reported += self.in_doubt
+        self.booked_pushes += 1
         self.in_doubt = 0
         self._write_reported()
 

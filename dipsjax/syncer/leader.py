@@ -320,6 +320,7 @@ class Member:
     active: bool = False  # pulled its first model
     last_round: int = -1  # round of its last settled push (-1: none or never admitted)
     last_outcome: str = ""  # applied | rejected | dropped
+    booked: int = 0  # pushes of this incarnation booked (reported), refused ones included
     in_grace: bool = False  # resumed leader: last_seen is a deadline, until its first contact
 
 
@@ -655,7 +656,9 @@ class Leader:
             if self.data is not None
             else ()
         )
-        return SendModel(learner, self.version, leases, member.last_round, member.last_outcome)
+        return SendModel(
+            learner, self.version, leases, member.last_round, member.last_outcome, member.booked
+        )
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
@@ -809,10 +812,17 @@ class Leader:
         # neither (``UNBOOKED``).
         self.refused[kind] += 1
         if kind not in UNBOOKED:
-            tokens = max(int(ev.meta.tokens), 0)
-            self.ledger.report(ev.learner, tokens)
-            self.ledger.settle(ev.learner, tokens, "dropped")
+            self._book(ev)
+            self.ledger.settle(ev.learner, max(int(ev.meta.tokens), 0), "dropped")
         return [Refuse(ev.learner, reason, RefuseKind(kind), ev.meta.incarnation)]
+
+    def _book(self, ev: PushRequested) -> None:
+        """Books a push's tokens (``reported``), and counts it for the member's incarnation
+        that sent it (``Member.booked``: a rejoin's word on a push whose answer was lost)."""
+        self.ledger.report(ev.learner, max(int(ev.meta.tokens), 0))
+        member = self.members.get(ev.learner)
+        if member is not None and member.incarnation == ev.meta.incarnation:
+            member.booked += 1
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
         member = self.members.get(ev.learner)
@@ -845,7 +855,7 @@ class Leader:
         if any(p.learner == ev.learner for p in self.waiting + self._open_pushes()):
             return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
-        self.ledger.report(ev.learner, meta.tokens)
+        self._book(ev)
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the

@@ -305,7 +305,9 @@ class LearnerProtocol:
             self._started_round = (
                 self.rounds if step is not None and step == start_step(self.rounds) else -1
             )
-            out.append(Restore(step, tuple(a.leases), a.version, a.last_round, a.last_outcome))
+            out.append(
+                Restore(step, tuple(a.leases), a.version, a.last_round, a.last_outcome, a.booked)
+            )
             out += self._settle(lambda r: settle_word(r, a.last_round, a.last_outcome))
         return [*out, Pull(a.version, first=not self.resume)]
 

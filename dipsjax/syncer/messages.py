@@ -313,14 +313,17 @@ class SendModel(Action):
     To a resumed learner (``Join(resume=True)``) it also says how its last push ended
     (``last_round``, ``last_outcome``: ``applied``, ``rejected``, ``dropped``, or ``lost``:
     dropped by the restart with its chunks left with the learner, who trains that round
-    again; ``-1``/``''``: none) and which batches are still leased to it, in lease order
-    (``leases``, ``(chunk, start, end)`` pieces)."""
+    again; ``-1``/``''``: none), which batches are still leased to it, in lease order
+    (``leases``, ``(chunk, start, end)`` pieces), and how many pushes of its incarnation
+    the leader booked (``booked``, refused ones included; ``-1``: not said): the word on a
+    push whose answer was lost, which a round id cannot give for one that waited."""
 
     learner: int
     version: int
     leases: tuple[Span, ...] = ()
     last_round: int = -1
     last_outcome: str = ""
+    booked: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -572,14 +575,15 @@ class Save(Command):
 class Restore(Command):
     """Restore the learner's checkpoint ``step`` (``None``: none, start afresh) and first
     train the pieces still leased to it, in this order (``regrant``). The rest is what the
-    leader's ``SendModel`` said (the version it resumes at, how its last push ended), for
-    the record."""
+    leader's ``SendModel`` said (the version it resumes at, how its last push ended, how
+    many of its pushes it booked)."""
 
     step: int | None
     regrant: tuple[Span, ...] = ()
     version: int = -1
     last_round: int = -1
     last_outcome: str = ""
+    booked: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,14 @@ was booked, and never otherwise. Before, it never counted them, and the leader t
 resumed had booked them: the token books did not balance (a race noted since issue 17;
 a standby's takeover, issue 22, meets it too)."""
 
+import json
 import types
+
+import pytest
 
 from dipsjax.runtime.client import StaleLeader
 from dipsjax.runtime.learner import LearnerNode
+from dipsjax.syncer import Leader, LeaderConfig, NoGrace
 from dipsjax.syncer import messages as m
 
 J = 1
@@ -15,7 +19,7 @@ J = 1
 
 def _node(known_round=4):
     node = types.SimpleNamespace(
-        j=J, in_doubt=0, known_round=known_round, reported=1000, written=[]
+        j=J, in_doubt=0, known_round=known_round, reported=1000, written=[], booked_pushes=0
     )
     node._write_reported = lambda: node.written.append(node.reported)
     for name in ("_heard", "_settle_in_doubt", "_count_in_doubt"):
@@ -72,3 +76,88 @@ def test_a_push_answered_is_never_in_doubt():
     push = m.PushRequested(0.0, J, m.PushMeta(tokens=256, steps=2, base_version=3))
     assert LearnerNode._send(node, push) == []
     assert node.reported == 1256 and node.in_doubt == 0
+
+
+class _AnswerLost:
+    """A control channel whose push reaches the leader's core, which books it, and whose
+    answer is then lost (the leader paused or deposed before it replied)."""
+
+    refused = ""
+
+    def __init__(self, leader):
+        self.leader = leader
+
+    def call(self, event):
+        self.leader.handle(event)
+        raise StaleLeader(1, 2)
+
+
+def _sending(node, control):
+    node.terminating, node.proto = False, types.SimpleNamespace(asking=lambda: True)
+    node.control, node._drain = control, lambda: None
+    node._call_failed = lambda e, what: []
+    return node
+
+
+@pytest.mark.parametrize("restarted", [False, True], ids=["rejoined", "leader-restarted"])
+def test_a_push_booked_while_it_waited_for_a_round_is_counted_on_the_rejoins_word(restarted):
+    """A push the leader booked but could not admit to a round yet (a follower not back,
+    or the round applying) waits, with no round id; its answer was lost. The rejoin (or
+    the restart's resume) drops it, as "lost" of round -1: ``last_round`` cannot name
+    it. Before, the learner never counted it, and the leader had booked it:
+    ``benchmarks/chaos.py --tiny --standby`` once lost 2048 tokens so (the active leader
+    paused between writing a push down and answering it). The rejoin now also says how
+    many pushes of the incarnation the leader booked (``SendModel.booked``). Each side
+    counts on its own: the learner the pushes it sent, the leader its ledger."""
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    leader.handle(m.Join(0.0, J))
+    # A leader restarted once: until its follower is back, every push waits.
+    leader = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+    leader.resume(0.2)
+    leader.handle(m.Join(0.3, J, resume=True))
+    leader.handle(m.PullDone(0.4, J, 0))
+    node = _sending(_node(known_round=-1), _AnswerLost(leader))
+    node.reported, node.booked_pushes = 0, 0
+    push = m.PushRequested(0.5, J, m.PushMeta(tokens=2048, steps=4, base_version=0))
+    assert LearnerNode._send(node, push) == []
+    assert node.in_doubt == 2048 and leader.ledger.reported[J] == 2048
+    if restarted:  # the leader restored from what it wrote down, and resumed
+        leader = Leader.restore(json.loads(json.dumps(leader.snapshot())))
+        leader.resume(1.0)
+        assert not leader.waiting  # dropped by the resume
+    (send,) = leader.handle(m.Join(2.0, J, resume=True))
+    assert send.last_round == -1  # the waiting push had no round to name
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.in_doubt == 0 and node.reported == 2048 == leader.ledger.reported[J]
+    # The next push never reaches the leader: the same word leaves it uncounted.
+    leader.handle(m.PullDone(2.1, J, 0))
+    node.control = _Failing()
+    assert LearnerNode._send(node, push) == []
+    (send,) = leader.handle(m.Join(3.0, J, resume=True))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.in_doubt == 0 and node.reported == 2048 == leader.ledger.reported[J]
+
+
+def test_a_resumed_process_takes_its_incarnations_count_from_the_rejoin():
+    """A whole run's ``--resume`` restarts a learner with the same incarnation: the leader
+    booked its predecessor's pushes, this process knows of none. Its first rejoin's count
+    is its own from then on, so a later push that never reached the leader is not counted
+    (were the counts compared as they start, every push in doubt would look booked)."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    push = m.PushRequested(0.2, J, m.PushMeta(tokens=100, steps=1, base_version=0))
+    for _ in range(3):  # the predecessor's: one admitted, two refused as pending (booked)
+        leader.handle(push)
+    assert leader.members[J].booked == 3 and leader.ledger.reported[J] == 300
+    node = _sending(_node(known_round=-1), _Failing())
+    node.reported = 300  # its reported.json: the predecessor's answered pushes
+    (send,) = leader.handle(m.Join(1.0, J, resume=True))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.booked_pushes == 3 and node.reported == 300
+    leader.handle(m.PullDone(1.1, J, 0))
+    assert LearnerNode._send(node, push) == [] and node.in_doubt == 100  # never reached it
+    (send,) = leader.handle(m.Join(2.0, J, resume=True))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.in_doubt == 0 and node.reported == 300 == leader.ledger.reported[J]

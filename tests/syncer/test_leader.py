@@ -799,9 +799,9 @@ def test_resume_drops_unapplied_pushes_and_hands_their_chunks_back_to_their_lear
     # Their chunks stay theirs: each learner gets its leases back, in lease order, and how
     # its last push ended.
     (send,) = copy.handle(L.Join(11.0, 0, resume=True))
-    assert send == L.SendModel(0, 1, spans(chunks[0][1], later[0]), 1, "lost")
+    assert send == L.SendModel(0, 1, spans(chunks[0][1], later[0]), 1, "lost", booked=2)
     (send2,) = copy.handle(L.Join(11.0, 2, resume=True))
-    assert send2 == L.SendModel(2, 1, spans(chunks[2][1], later[2]), 0, "applied")
+    assert send2 == L.SendModel(2, 1, spans(chunks[2][1], later[2]), 0, "applied", booked=1)
     assert chunks[0][0] in completed_chunks(copy.data, 0)
     assert leases_of(copy.data, "0")[0].chunk == chunks[0][1]
     check_invariants(copy.data)

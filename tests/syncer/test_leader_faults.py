@@ -73,7 +73,7 @@ def test_a_resumed_leader_finishes_the_round_its_followers_were_applying():
     # back already gets version 1, and that its push was applied.
     assert acts == [
         L.NotifyPull(rnd.round_id, (), 1),
-        L.SendModel(0, 1, (), rnd.round_id, "applied"),
+        L.SendModel(0, 1, (), rnd.round_id, "applied", booked=1),
     ]
     assert copy.version == 1 and copy.round is None
     assert totals(copy) == {
@@ -86,7 +86,7 @@ def test_a_resumed_leader_finishes_the_round_its_followers_were_applying():
     rec = copy.tape.round_records()[-1]
     assert rec.round_id == rnd.round_id and rec.applied and rec.version == 1
     assert copy.handle(L.Join(12.5, 1, resume=True)) == [
-        L.SendModel(1, 1, (), rnd.round_id, "applied")
+        L.SendModel(1, 1, (), rnd.round_id, "applied", booked=1)
     ]
     assert not copy.stopped
 
@@ -209,7 +209,7 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     sent = leader.handle(L.Join(2.0, 0, resume=True))
     assert [lease.chunk for lease in leases_of(leader.data, "0")] == [c0, c1]  # c0: its push's
     if phase != "apply":
-        assert sent == [L.SendModel(0, 0, spans(c1), -1, "")]
+        assert sent == [L.SendModel(0, 0, spans(c1), -1, "", booked=1)]
         assert leader.handle(L.PullDone(2.5, 0, 0)) == []
     else:  # the outer step is under way: it waits for the version it makes
         assert sent == []
@@ -220,7 +220,7 @@ def test_a_learner_rejoining_mid_round_pulls_through_send_model_and_keeps_no_don
     assert [a for a in acts if isinstance(a, L.NotifyPull)] == [notify]
     if phase == "apply":
         assert [a for a in acts if isinstance(a, L.SendModel)] == [
-            L.SendModel(0, 1, spans(c1), rnd.round_id, "applied")
+            L.SendModel(0, 1, spans(c1), rnd.round_id, "applied", booked=1)
         ]
     assert leader.handle(L.PullDone(3.0, 1, 1)) == []
     assert leader.round is None and leader.version == 1
@@ -302,7 +302,7 @@ def test_a_learner_resuming_after_a_whole_run_resume_is_still_a_member():
     (grant,) = leader.handle(L.ChunkRequested(0.0, 0))
     copy, _ = copy_of(leader, 5.0)
     assert copy.handle(L.Join(6.0, 0, resume=True)) == [
-        L.SendModel(0, 0, (L.Span(grant.chunk, 0, 1),))
+        L.SendModel(0, 0, (L.Span(grant.chunk, 0, 1),), booked=0)
     ]
     assert copy.refused["unknown"] == 0
 
@@ -444,7 +444,7 @@ def test_a_learner_rejoining_while_its_round_is_applied_gets_the_version_it_make
     acts = leader.handle(L.FollowerApplied(1.6, 1, rnd.round_id, 1))
     assert acts == [
         L.NotifyPull(rnd.round_id, (0,), 1, ("applied",)),
-        L.SendModel(1, 1, (), rnd.round_id, "applied"),
+        L.SendModel(1, 1, (), rnd.round_id, "applied", booked=1),
     ]
     # Once, even if it asks again meanwhile; a learner evicted meanwhile gets nothing.
     leader = two_followers()
@@ -456,7 +456,7 @@ def test_a_learner_rejoining_while_its_round_is_applied_gets_the_version_it_make
     leader.handle(L.FollowerApplied(1.5, 0, rnd.round_id, 1))
     acts = leader.handle(L.FollowerApplied(1.6, 1, rnd.round_id, 1))
     assert [a for a in acts if isinstance(a, L.SendModel)] == [
-        L.SendModel(1, 1, (), rnd.round_id, "applied")
+        L.SendModel(1, 1, (), rnd.round_id, "applied", booked=1)
     ]
 
 

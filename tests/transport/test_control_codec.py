@@ -62,6 +62,7 @@ EXAMPLES = [
         leases=(m.Span(4, 0, 8), m.Span(9, 3, 4)),
         last_round=3,
         last_outcome="dropped",
+        booked=5,
     ),
     m.PushShards(
         round_id=13,

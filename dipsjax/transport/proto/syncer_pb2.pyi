@@ -197,18 +197,20 @@ class FollowerHeartbeat(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ...) -> None: ...
 
 class SendModel(_message.Message):
-    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome")
+    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    BOOKED_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
     leases: _containers.RepeatedCompositeFieldContainer[Span]
     last_round: int
     last_outcome: str
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ...) -> None: ...
+    booked: int
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")

@@ -316,8 +316,7 @@ class LearnerNode:
         # whether it was booked: its plan (a round newer than any this process knows of its
         # pushes: one push is in flight at a time), or a rejoin's ``SendModel.booked``, the
         # leader's count of this incarnation's pushes it booked, against this process's own
-        # count of the ones it knows were (``booked_pushes``). A round id cannot say it of a
-        # push that waited for a round: dropped there, it has none.
+        # count of the ones it knows were (``booked_pushes``).
         self.in_doubt = 0
         self.known_round = -1
         self.booked_pushes = 0
@@ -666,25 +665,23 @@ class LearnerNode:
                 self._count_in_doubt(f"its plan for round {action.round_id} came")
             self.known_round = max(self.known_round, action.round_id)
 
-    def _settle_in_doubt(self, last_round: int, booked: int = -1) -> None:
+    def _settle_in_doubt(self, last_round: int, booked: int) -> None:
         """A rejoin's word on this learner's pushes (``SendModel``): one in doubt was booked
-        if the leader booked more of this incarnation's pushes than this process knows of
-        (``booked``), or, where the leader does not say (``-1``), if its last settled push
-        is of a round newer than every round this process knows. The leader's count is then
-        this process's own: a process resumed from a checkpoint (a whole run's ``--resume``
-        keeps incarnations) starts from what its predecessor pushed."""
-        if self.in_doubt and booked >= 0:
-            if booked > self.booked_pushes + 1:  # more than the one in doubt
-                log.error(
-                    "the leader booked %d pushes of this incarnation; this process knows of "
-                    "%d and one in doubt: counted that one",
-                    booked,
-                    self.booked_pushes,
-                )
-            if booked > self.booked_pushes:
-                self._count_in_doubt(f"the leader booked {booked} of its pushes")
-        elif self.in_doubt and last_round > self.known_round:
-            self._count_in_doubt(f"the leader settled it in round {last_round}")
+        if the leader booked more of this incarnation's pushes (``booked``) than this
+        process knows of. The leader's count is then this process's own: a process resumed
+        from a checkpoint (a whole run's ``--resume`` keeps incarnations) starts from what
+        its predecessor pushed. (A round id cannot say it: a push that waited for a round
+        and was dropped there has none. Every rejoin's ``SendModel`` carries the count; a
+        first join's, ``-1``, comes before any push.)"""
+        if self.in_doubt and booked > self.booked_pushes + 1:  # more than the one in doubt
+            log.error(
+                "the leader booked %d pushes of this incarnation; this process knows of %d "
+                "and one in doubt: counted that one",
+                booked,
+                self.booked_pushes,
+            )
+        if self.in_doubt and booked > self.booked_pushes:
+            self._count_in_doubt(f"the leader booked {booked} of its pushes")
         self.in_doubt = 0
         self.known_round = max(self.known_round, last_round)
         if booked >= 0:

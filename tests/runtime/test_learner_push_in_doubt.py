@@ -42,13 +42,13 @@ def test_a_failed_push_request_is_in_doubt_and_counted_only_on_the_leaders_word(
     push = m.PushRequested(0.0, J, m.PushMeta(tokens=256, steps=2, base_version=3))
     assert LearnerNode._send(node, push) == [("lost", "PushRequested")]
     assert node.in_doubt == 256 and node.reported == 1000  # not counted: unknown yet
-    # The rejoin's SendModel settles round 5, newer than any round it knew: booked.
-    node._settle_in_doubt(5)
+    # The rejoin's SendModel: the leader booked one push more than this process knew of.
+    node._settle_in_doubt(5, 1)
     assert node.reported == 1256 and node.written == [1256] and node.in_doubt == 0
-    assert node.known_round == 5
-    # A second one the leader never took: the rejoin names round 5 again, known already.
+    assert node.known_round == 5 and node.booked_pushes == 1
+    # A second one the leader never took: the rejoin's count is the same.
     node.in_doubt = 128
-    node._settle_in_doubt(5)
+    node._settle_in_doubt(5, 1)
     assert node.reported == 1256 and node.in_doubt == 0
 
 
@@ -57,7 +57,7 @@ def test_a_plan_for_a_push_in_doubt_counts_it_once():
     node.in_doubt = 64
     node._heard(m.PushShards(6, J, ()))
     assert node.reported == 1064 and node.in_doubt == 0 and node.known_round == 6
-    node._settle_in_doubt(6)  # the rejoin then names the same round: nothing more
+    node._settle_in_doubt(6, 1)  # the rejoin then gives the same count: nothing more
     node._heard(m.PushShards(6, J, ()))
     assert node.reported == 1064
     other = _node()
@@ -75,7 +75,7 @@ def test_a_push_answered_is_never_in_doubt():
     node.control = types.SimpleNamespace(call=lambda event: [], refused="")
     push = m.PushRequested(0.0, J, m.PushMeta(tokens=256, steps=2, base_version=3))
     assert LearnerNode._send(node, push) == []
-    assert node.reported == 1256 and node.in_doubt == 0
+    assert node.reported == 1256 and node.in_doubt == 0 and node.booked_pushes == 1
 
 
 class _AnswerLost:
@@ -161,3 +161,38 @@ def test_a_resumed_process_takes_its_incarnations_count_from_the_rejoin():
     (send,) = leader.handle(m.Join(2.0, J, resume=True))
     node._settle_in_doubt(send.last_round, send.booked)
     assert node.in_doubt == 0 and node.reported == 300 == leader.ledger.reported[J]
+
+
+def test_an_answered_push_counts_in_the_processs_own_count():
+    """Each answered push adds to the process's count of pushes booked: without it, a
+    later push that never reached the leader looked booked on the rejoin's word (the
+    leader's count one higher), and its tokens were counted by the learner alone."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    node = _sending(_node(known_round=-1), types.SimpleNamespace(refused="", call=leader.handle))
+    node.reported = 0
+    node.proto.on_action = lambda a, t, g: []
+    node.now, node.generation, node.lost_since = (lambda: 0.0), 0, None
+    push = m.PushRequested(0.2, J, m.PushMeta(tokens=100, steps=1, base_version=0))
+    LearnerNode._send(node, push)  # answered: booked
+    assert node.reported == 100 == leader.ledger.reported[J] and node.booked_pushes == 1
+    node.control = _Failing()  # the next one never reaches the leader
+    LearnerNode._send(node, push)
+    assert node.in_doubt == 100
+    (send,) = leader.handle(m.Join(1.0, J, resume=True))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.in_doubt == 0 and node.reported == 100 == leader.ledger.reported[J]
+
+
+def test_the_restore_command_carries_the_leaders_count_to_the_settling():
+    """The driver settles a doubt with the ``Restore`` the protocol made of the rejoin's
+    ``SendModel``: the count must reach ``_settle_in_doubt`` from there."""
+    node = _node(known_round=4)
+    node.in_doubt, node.booked_pushes = 64, 2
+    node.phase = lambda state: None
+    node.proto = types.SimpleNamespace(state=types.SimpleNamespace(value="joining"))
+    node._on_worker = lambda fn, c: []
+    node.restore = None
+    LearnerNode._one(node, m.Restore(None, (), 7, last_round=-1, last_outcome="lost", booked=3))
+    assert node.reported == 1064 and node.in_doubt == 0 and node.booked_pushes == 3

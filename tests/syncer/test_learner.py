@@ -186,9 +186,9 @@ def test_resume_restores_the_newest_checkpoint():
     saved = [Checkpoint(2, "start"), Checkpoint(3, "pushed", 4)]
     p = LearnerProtocol(J, checkpoints=True, saved=saved)
     assert p.start(0.0, resume=True) == [m.Send(m.Join(0.0, J, 0, True, ""))]
-    send = m.SendModel(J, 9, leases=(11, 12), last_round=4, last_outcome="applied")
+    send = m.SendModel(J, 9, leases=(11, 12), last_round=4, last_outcome="applied", booked=5)
     assert p.on_action(send, 1.0) == [
-        m.Restore(3, (11, 12), 9, 4, "applied"),
+        m.Restore(3, (11, 12), 9, 4, "applied", 5),  # the leader's count goes to the driver
         m.Pull(9, first=False),
     ]
     assert p.rounds == 2

@@ -20,6 +20,16 @@ _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
     os.environ["XLA_FLAGS"] = (_flags + " --xla_force_host_platform_device_count=8").strip()
 
+# Ctrl-C as at a terminal: started from a non-interactive shell's background job (``nohup
+# ... &``, some CI runners), the suite inherits SIGINT ignored, and so would every launcher
+# it starts, which the Ctrl-C tests then cannot stop (tests/test_suite_signals.py). Python's
+# own handler back in this process (each xdist worker imports this file) is inherited as
+# "handled", that is, as the default, by what it starts.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(

@@ -175,6 +175,16 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
             dict(max_gap=0.02, sooner=True),
         ),
     }
+    # EXTENSION: each learner trains the steps its speed fits in until the next beat (the
+    # fast ones up to 2H), so K=1's rounds gather every learner; at eta 100, 50 and 25.
+    for eta, name in ((args.eta, "eta100"), (args.eta / 2, "eta50"), (args.eta / 4, "eta25")):
+        out[f"decoupled_k1_adaptive_vs_km_{name}"] = (
+            *pair(
+                dict(label="decoupled_k1", m=m, eta=eta, adaptive_steps=True),
+                dict(label="decoupled_km", m=m, eta=eta),
+            ),
+            dict(max_gap=0.02, sooner=True),
+        )
     # EXTENSION: K=1's window waits only for the learners expected within it; and both
     # at eta 50, where the full window makes K=1 finish later than K=M.
     for eta, name in ((args.eta, "eta100"), (args.eta / 2, "eta50")):

@@ -215,6 +215,8 @@ SIM: dict[str, Rule] = {
     "grace_targeted": BOOL,
     "rda": BOOL,
     "round_token_scale": BOOL,
+    "adaptive_steps": BOOL,
+    "adaptive_max": Real(1, 1000),
     "refuse_nonfinite": BOOL,
     "overlap": BOOL,
     "adopt": OneOf(("replace", "delta")),
@@ -348,6 +350,13 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
                 and not s["overlap"]
             )
         ),
+        False,
+    ),
+    (
+        "sim.adaptive_steps",
+        "false when learners overlap (sim.overlap true): the count aims the round a pull "
+        "notice starts",
+        lambda s: not (s["adaptive_steps"] and s["overlap"]),
         False,
     ),
     (

@@ -235,7 +235,8 @@ class ContributorNode(LearnerNode):
         self.learner.version = version
         self.base = params
 
-    def _train_round(self, seq: int) -> tuple:
+    def _train_round(self, seq: int, steps: int) -> tuple:
+        del steps  # the user's loop takes its own steps (at most inner_steps)
         assert self.current is not None
         given = self.owner._offer(self.learner.version, self.current, self)
         if given is None:

@@ -222,7 +222,8 @@ class LeaderNode:
                 method.leader,
                 fingerprint=spec.fingerprint,
                 learners=sim.learners,  # learner ids 0 .. learners - 1
-                max_push_steps=sim.inner_steps,  # a round is at most inner_steps steps
+                # a round is at most inner_steps steps (adaptive steps: the most it is given)
+                max_push_steps=method.leader.most_steps(),
                 step_tokens=spec.batch_tokens,
             )
             leader = Leader(

@@ -368,7 +368,7 @@ class LearnerNode:
         if self.stream is None or self.terminating or self.proto.state is not State.TRAINING:
             return
         have = sum(end - start for _, start, end in self.ahead)
-        while have < self.spec.sim.inner_steps:
+        while have < (self.proto.steps or self.spec.sim.inner_steps):
             try:
                 piece = self.lease()
             except (grpc.RpcError, ValueError):
@@ -558,7 +558,7 @@ class LearnerNode:
             if c.adopt and latest is not None and latest[0] > self.learner.version:
                 self.take(*latest)  # the newest version, at a round start
                 self.pulled = True
-            result: tuple = self._train_round(seq)
+            result: tuple = self._train_round(seq, c.steps or self.spec.sim.inner_steps)
         except BaseException as e:  # the main thread raises it (a bug: the process ends)
             result = ("error", e)
         self.inputs.put(("trained", seq, result))
@@ -594,14 +594,15 @@ class LearnerNode:
         source = load_task(self.spec.sim).source
         return source, BatchStream(source, source=self.next_chunk)
 
-    def _train_round(self, seq: int) -> tuple:
-        """Trains one round from the version taken, on the compute thread: ``("trained",
-        meta, delta)`` (``meta`` ``None``: no chunk to lease now), or ``("lease failed",
-        error)`` (a :class:`~dipsjax.runtime.contributor.Contributor`'s node has the user's
-        loop do it). Once its batches are drawn, the main thread leases the next round's."""
+    def _train_round(self, seq: int, steps: int) -> tuple:
+        """Trains one round of ``steps`` inner steps from the version taken, on the compute
+        thread: ``("trained", meta, delta)`` (``meta`` ``None``: no chunk to lease now), or
+        ``("lease failed", error)`` (a :class:`~dipsjax.runtime.contributor.Contributor`'s
+        node has the user's loop do it). Once its batches are drawn, the main thread leases
+        the next round's."""
         speed = self.spec.sim.speeds[self.j] if self.spec.sim.speeds else 1.0
         try:
-            data = self.stream.take_round(self.spec.sim.inner_steps)
+            data = self.stream.take_round(steps)
         except (grpc.RpcError, ValueError) as e:  # leasing a chunk failed
             return ("lease failed", e)
         if not data.batches:

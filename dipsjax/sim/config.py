@@ -88,7 +88,11 @@ class SimConfig:
     Extensions (not in the papers, off by default): ``grace_targeted`` (Decoupled DiLoCo's
     quorum window, still at most ``gamma * slack``, waits only for the learners expected
     within it, :class:`dipsjax.syncer.grace.QuorumGrace`); ``round_token_scale`` (scale a partial
-    round by its share of a full round's tokens); ``refuse_nonfinite`` (each follower refuses
+    round by its share of a full round's tokens); ``adaptive_steps`` (the leader tells each
+    learner how many inner steps fit, at its speed, until the moment every push is aimed
+    at, ``inner_steps`` steps of the slowest learner away; at most ``adaptive_max *
+    inner_steps``, :attr:`dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; learners
+    that wait for their pull only); ``refuse_nonfinite`` (each follower refuses
     a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
     comes back as a new incarnation. Off: the push is staged and the leader rejects it in
     the round by its non-finite squared norm, as the papers' rule does);
@@ -150,6 +154,8 @@ class SimConfig:
     grace_targeted: bool = False
     rda: bool = True
     round_token_scale: bool = False
+    adaptive_steps: bool = False
+    adaptive_max: float = 2.0
     refuse_nonfinite: bool = False
     overlap: bool = False
     adopt: str = "replace"
@@ -281,6 +287,14 @@ class SimConfig:
                 "time, which holds only for learners that wait for their pull: it cannot be "
                 "combined with overlap=True"
             )
+        if self.adaptive_steps and self.overlap:
+            raise ValueError(
+                "SimConfig.adaptive_steps aims each learner's next round at a moment from its "
+                "pull notice, which starts that round only for learners that wait for their "
+                "pull: it cannot be combined with overlap=True"
+            )
+        if self.adaptive_max < 1:
+            raise ValueError(f"SimConfig.adaptive_max must be >= 1, got {self.adaptive_max!r}")
 
     def _apply_preset(self) -> None:
         if not self.outer_preset:
@@ -373,6 +387,9 @@ class SimConfig:
             grace_targeted=self.grace_targeted,
             rda=self.rda,
             round_token_scale=self.round_token_scale,
+            adaptive_steps=self.adaptive_steps,
+            adaptive_max=self.adaptive_max,
+            inner_steps=self.inner_steps,
             full_round_tokens=self.full_round_tokens,
             max_staleness=self.max_staleness,
             version_cache=self.version_cache,

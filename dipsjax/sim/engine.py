@@ -177,7 +177,7 @@ class Engine:
             return  # over, or no chunk to lease now: this learner idles
         if cmd.adopt and sl.latest is not None and sl.latest[0] > sl.learner.version:
             self._take(sl, *sl.latest, first=False)
-        data = sl.stream.take_round(self.cfg.inner_steps)
+        data = sl.stream.take_round(cmd.steps or self.cfg.inner_steps)
         batches = data.batches
         if not batches:
             self.carry_out(sl, sl.proto.on_trained(None, t), t)

@@ -47,6 +47,7 @@ import collections
 import dataclasses
 import enum
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,8 @@ from dipsjax.syncer.tape import (
 )
 
 REFERENCES = ("start", "server")
+#: Adaptive steps (EXTENSION): the weight of a push's train time in its learner's EMA.
+SPEED_EMA = 0.5
 
 # ----------------------------------------------------------------------------- config
 
@@ -159,6 +162,17 @@ class LeaderConfig:
       step_tokens: one inner step trains at most this many tokens (``batch_size *
         seq_len``): a push reporting more than ``steps * step_tokens`` is refused
         (``bounds``) and not booked (None: no bound).
+      adaptive_steps: EXTENSION (not in the papers, off by default): each learner is told
+        how many inner steps its next rounds train (``SendModel.steps``,
+        ``NotifyPull.steps``): as many as fit, at its seconds per step (EMAs of the train
+        times its pushes report), until the moment every push is aimed at, ``inner_steps``
+        steps of the slowest member away (:meth:`Leader.steps_for`); at least one, at most
+        ``adaptive_max x inner_steps``. A faster learner so trains more steps in the time
+        the slowest trains ``inner_steps``, every learner's push comes at about the same
+        moment (a quorum of 1 then gathers them all), and one left out of a round catches
+        up. A learner not measured yet trains ``inner_steps``.
+      inner_steps: the job's ``H`` (needed by ``adaptive_steps``).
+      adaptive_max: the most steps a round may be given, as a multiple of ``inner_steps``.
     """
 
     weighting: str = "tokens"
@@ -184,6 +198,9 @@ class LeaderConfig:
     learners: int | None = None
     max_push_steps: int | None = None
     step_tokens: int | None = None
+    adaptive_steps: bool = False
+    inner_steps: int | None = None
+    adaptive_max: float = 2.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -227,12 +244,31 @@ class LeaderConfig:
                 ">= 1 or None",
             ),
             (self.step_tokens is None or self.step_tokens >= 1, "step_tokens", ">= 1 or None"),
+            (self.inner_steps is None or self.inner_steps >= 1, "inner_steps", ">= 1 or None"),
+            (
+                not self.adaptive_steps or self.inner_steps is not None,
+                "inner_steps",
+                "set (the job's H) when adaptive_steps is on",
+            ),
+            (self.adaptive_max >= 1, "adaptive_max", ">= 1"),
+            (
+                not self.adaptive_steps
+                or self.max_push_steps is None
+                or self.max_push_steps >= self.most_steps(),
+                "max_push_steps",
+                f">= adaptive_max x inner_steps = {self.most_steps()} when adaptive_steps is on",
+            ),
         ]
         for ok, name, allowed in checks:
             if not ok:
                 raise ValueError(
                     f"LeaderConfig.{name} must be {allowed}, got {getattr(self, name)!r}"
                 )
+
+    def most_steps(self) -> int:
+        """The most inner steps a round may be given (``adaptive_steps``), else ``H``."""
+        h = self.inner_steps or 1
+        return int(self.adaptive_max * h) if self.adaptive_steps else h
 
     def stale_limit(self) -> int | None:
         """Largest usable staleness (versions), from ``max_staleness`` and the cache."""
@@ -322,6 +358,7 @@ class Member:
     last_outcome: str = ""  # applied | rejected | dropped
     booked: int = 0  # pushes of this incarnation booked (reported), refused ones included
     in_grace: bool = False  # resumed leader: last_seen is a deadline, until its first contact
+    step_seconds: float = 0.0  # adaptive steps: EMA of its seconds per inner step (0: none)
 
 
 class Leader:
@@ -382,6 +419,7 @@ class Leader:
         self.tape = EventTape()
         self.stopped = False
         self.stop_reason = ""  # what the Stop said
+        self.beat: float | None = None  # adaptive steps: when the next pushes are aimed at
         # Bad input by kind: pushes refused (unknown, inactive, incarnation, invalid,
         # pending, stopped), joins refused (incarnation, fingerprint), contributions
         # rejected for a non-finite norm (nonfinite) or dropped as too stale (stale).
@@ -448,7 +486,7 @@ class Leader:
             and p.learner not in rnd.rejoined
         ]
 
-    def _notify(self, rnd: Round) -> NotifyPull:
+    def _notify(self, rnd: Round, now: float) -> NotifyPull:
         """The round's pull notice to its pullers (``rnd.pulling``), with what became of
         each one's push (:class:`~dipsjax.syncer.messages.PushOutcome`)."""
         decision = rnd.decision
@@ -467,7 +505,9 @@ class Leader:
 
         pulling = tuple(rnd.pulling)
         outcomes = tuple(str(outcome(j)) for j in pulling)
-        return NotifyPull(rnd.round_id, pulling, self.version, outcomes)
+        adaptive = self.config.adaptive_steps
+        steps = tuple(self.steps_for(j, now) for j in pulling) if adaptive else ()
+        return NotifyPull(rnd.round_id, pulling, self.version, outcomes, steps)
 
     def _stop(self, reason: str) -> list[Action]:
         """The job stops (for good: a stopped leader only refuses pushes), saying why."""
@@ -640,9 +680,9 @@ class Leader:
             if learner not in rnd.awaiting:
                 rnd.awaiting.append(learner)
             return []
-        return [self._send_model(learner)]
+        return [self._send_model(learner, t)]
 
-    def _send_model(self, learner: int) -> SendModel:
+    def _send_model(self, learner: int, now: float) -> SendModel:
         """A rejoined learner's model: the current version, how its last push ended, and
         the pieces still leased to it, in lease order."""
         member = self.members[learner]
@@ -657,8 +697,48 @@ class Leader:
             else ()
         )
         return SendModel(
-            learner, self.version, leases, member.last_round, member.last_outcome, member.booked
+            learner,
+            self.version,
+            leases,
+            member.last_round,
+            member.last_outcome,
+            member.booked,
+            self.steps_for(learner, now),
         )
+
+    def steps_for(self, learner: int, now: float) -> int:
+        """Adaptive steps (EXTENSION, ``LeaderConfig.adaptive_steps``): the inner steps of
+        the round ``learner`` starts at ``now`` (0: not said, the job's ``H``; always 0 when
+        off). Every learner aims its push at one moment, the *beat*: ``H`` steps of the
+        slowest member after the first learner that starts once the last beat passed; a
+        learner is given the steps its own speed fits in until the beat (at least one, at
+        most ``adaptive_max x H``). A learner left out of a round so catches up with the
+        others at the next beat, with a shorter round, instead of keeping its phase behind
+        them for good."""
+        cfg = self.config
+        member = self.members.get(learner)
+        if not cfg.adaptive_steps or member is None or member.step_seconds <= 0:
+            return 0
+        h = cfg.inner_steps or 1
+        period = h * max(m.step_seconds for m in self.members.values())
+        if self.beat is None or self.beat <= now:
+            self.beat = now + period
+        steps = (self.beat - now) / member.step_seconds
+        if steps < 0.5:  # (the beat is now: the one after it)
+            steps += period / member.step_seconds
+        return min(cfg.most_steps(), max(1, round(steps)))
+
+    def _observe_speed(self, member: Member, meta: PushMeta) -> None:
+        """Adaptive steps: a push's reported train time updates its learner's seconds per
+        step (an EMA, weight :data:`SPEED_EMA` on the newest)."""
+        if not self.config.adaptive_steps or meta.steps <= 0 or not meta.train_seconds > 0:
+            return
+        per_step = meta.train_seconds / meta.steps
+        if not math.isfinite(per_step):
+            return
+        last = member.step_seconds
+        a = SPEED_EMA
+        member.step_seconds = per_step if last <= 0 else a * per_step + (1 - a) * last
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
@@ -857,6 +937,7 @@ class Leader:
         self._seen(ev.learner, ev.t)
         self._book(ev)
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
+        self._observe_speed(member, meta)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
         # pseudo-code picks up pending requests and re-arms the window on each arrival).
@@ -1096,7 +1177,7 @@ class Leader:
         rnd.phase = Phase.PULL
         return [
             Discard(rnd.round_id, reason),
-            self._notify(rnd),
+            self._notify(rnd, t),
         ]
 
     def _on_FollowerMerged(self, ev: FollowerMerged) -> list[Action]:
@@ -1152,11 +1233,11 @@ class Leader:
         rnd.pulling = self._pullers(rnd)
         rnd.phase = Phase.PULL
         models = [
-            self._send_model(j)
+            self._send_model(j, ev.t)
             for j in rnd.awaiting
             if j in self.members and not self.members[j].active
         ]
-        return [self._notify(rnd), *models]
+        return [self._notify(rnd, ev.t), *models]
 
     # -- the round's progress ------------------------------------------------------
 
@@ -1237,7 +1318,7 @@ class Leader:
             return [
                 *told,
                 Discard(rnd.round_id, "every push too stale"),
-                self._notify(rnd),
+                self._notify(rnd, t),
             ]
         rnd.phase = Phase.NORMS
         bases = tuple(p.meta.base_version for p in kept)
@@ -1341,6 +1422,7 @@ class Leader:
                 return []
             self.stopped, self.stop_reason = False, ""
         self.tape.append("resume", t=t, version=self.version, reopened=reopened)
+        self.beat = None  # a time of the last process's clock
         actions: list[Action] = []
         grace = 2 * self.config.heartbeat_interval if alone else self.config.rejoin_grace
         for k in self.followers_up:
@@ -1451,6 +1533,7 @@ class Leader:
                 "dealt": [[j, list(q)] for j, q in self.dealt.items()],
                 "stopped": self.stopped,
                 "stop_reason": self.stop_reason,
+                "beat": self.beat,
                 "refused": dict(sorted(self.refused.items())),
             }
         )
@@ -1515,6 +1598,7 @@ class Leader:
         leader.dealt = {j: [tuple(x) for x in q] for j, q in state.get("dealt", [])}
         leader.stopped = state["stopped"]
         leader.stop_reason = state.get("stop_reason", "")
+        leader.beat = state.get("beat")
         leader.refused = collections.Counter(state.get("refused", {}))
         if tape is not None:
             leader.tape = tape

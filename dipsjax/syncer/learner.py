@@ -70,6 +70,12 @@ keeps its :class:`~dipsjax.outer.Pending`; this core says when and how to settle
   in it, once again in the next push): a bounded error, one push's residual;
 * a new ``PushShards`` while an older push is unsettled (no word came): that one ``lost``.
 
+Adaptive steps (EXTENSION, :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`):
+``SendModel.steps`` and ``NotifyPull.steps`` say how many inner steps this learner's rounds
+train from then on; each ``Train`` carries the newest word (``steps``; 0: the job's ``H``).
+An overlapping learner has started its next round when its pull notice comes: the word
+counts from the round after that.
+
 A process restarted with ``--resume`` takes back the residual and the pushes in flight of
 the checkpoint it restores and settles those by :meth:`on_restored` (the same words); a new
 incarnation starts from a zero residual (see :mod:`dipsjax.runtime.learner`).
@@ -219,6 +225,7 @@ class LearnerProtocol:
         self.unused: collections.Counter[str] = collections.Counter()  # Unused by kind
         self.refused: collections.Counter[str] = collections.Counter()  # Refuse by kind
         self._started_round = -1  # the round whose start was checkpointed
+        self.steps = 0  # inner steps of its rounds, the leader's word (0: the job's H)
 
     # -- helpers -------------------------------------------------------------------
 
@@ -244,7 +251,13 @@ class LearnerProtocol:
             self._started_round = self.rounds
             kind = "start" if requested is None else "requested"
             out.append(self._save(kind, -1, start_step(self.rounds), requested or ()))
-        return [*out, Train(adopt=self.overlap)]
+        return [*out, Train(adopt=self.overlap, steps=self.steps)]
+
+    def _told_steps(self, steps: int | None) -> None:
+        """The leader's word on the inner steps of this learner's next rounds (adaptive
+        steps, EXTENSION; ``None``: not said, kept; 0 or less: the job's ``H``)."""
+        if steps is not None:
+            self.steps = max(int(steps), 0)
 
     def _save(self, kind: str, round_id: int, step: int, spans: Iterable[Span] = ()) -> Save:
         spans = tuple(spans)
@@ -297,6 +310,7 @@ class LearnerProtocol:
         if self.state is not State.JOINING:
             return []  # not asked for (a retried join's second answer)
         self.state = State.PULLING
+        self._told_steps(a.steps)
         out: list[Command] = []
         if self.resume:
             step = self.restore_step(a)
@@ -344,6 +358,7 @@ class LearnerProtocol:
 
     def _on_NotifyPull(self, a: NotifyPull, now: float) -> list[Command]:
         said = a.outcome_of(self.learner)
+        self._told_steps(a.steps_of(self.learner))
         settled = self._settle(lambda r: said if said in SETTLED else "lost", rounds=(a.round_id,))
         if self.overlap:
             if a.round_id != self.inflight:
@@ -396,7 +411,7 @@ class LearnerProtocol:
         if self.state is not State.TRAINING:
             return []
         if meta is None:
-            return [Train(adopt=self.overlap, wait=0.5)]
+            return [Train(adopt=self.overlap, wait=0.5, steps=self.steps)]
         if meta.incarnation != self.incarnation:
             raise ValueError(
                 f"learner {self.learner}: push meta of incarnation {meta.incarnation}, "

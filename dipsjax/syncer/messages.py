@@ -316,7 +316,9 @@ class SendModel(Action):
     again; ``-1``/``''``: none), which batches are still leased to it, in lease order
     (``leases``, ``(chunk, start, end)`` pieces), and how many pushes of its incarnation
     the leader booked (``booked``, refused ones included; ``-1``: not said): the word on a
-    push whose answer was lost, which a round id cannot give for one that waited."""
+    push whose answer was lost, which a round id cannot give for one that waited.
+    ``steps``: the inner steps its rounds train from now on (adaptive steps, EXTENSION:
+    :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``)."""
 
     learner: int
     version: int
@@ -324,6 +326,7 @@ class SendModel(Action):
     last_round: int = -1
     last_outcome: str = ""
     booked: int = -1
+    steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,18 +414,26 @@ class NotifyPull(Action):
     """The round ``round_id`` ended at ``version``: its ``learners`` pull it. ``outcomes``
     (aligned with ``learners``, a :class:`PushOutcome` each; empty from an older leader)
     says what became of each one's push: a learner's error feedback (EXTENSION) settles by
-    it."""
+    it. ``steps`` (aligned with ``learners``; empty: not said) are the inner steps each
+    one's rounds train from now on (adaptive steps, EXTENSION; 0: the job's ``H``)."""
 
     round_id: int
     learners: tuple[int, ...]
     version: int
     outcomes: tuple[str, ...] = ()
+    steps: tuple[int, ...] = ()
 
     def outcome_of(self, learner: int) -> str | None:
         """The outcome of ``learner``'s push (``None``: not said)."""
         if learner not in self.learners or len(self.outcomes) != len(self.learners):
             return None
         return self.outcomes[self.learners.index(learner)]
+
+    def steps_of(self, learner: int) -> int | None:
+        """The inner steps ``learner``'s rounds train from now on (``None``: not said)."""
+        if learner not in self.learners or len(self.steps) != len(self.learners):
+            return None
+        return self.steps[self.learners.index(learner)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,10 +535,12 @@ class Train(Command):
     """Train one round of ``H`` inner steps from the learner's current state, then report
     :meth:`~dipsjax.syncer.learner.LearnerProtocol.on_trained`. With ``adopt`` (overlap),
     first start from the newest version pulled, if it is newer than the one held. With
-    ``wait`` > 0 no chunk could be leased: try again after that many seconds."""
+    ``wait`` > 0 no chunk could be leased: try again after that many seconds. ``steps`` >
+    0: train that many inner steps instead of ``H`` (the leader's word, adaptive steps)."""
 
     adopt: bool = False
     wait: float = 0.0
+    steps: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,6 +62,9 @@ class MethodSettings:
         merges fewer than all learners by its share of a full round's tokens
         (``full_round_tokens``); see :func:`dipsjax.outer.round_token_scale`.
       full_round_tokens: tokens of a round in which every learner reports.
+      adaptive_steps, adaptive_max, inner_steps: EXTENSION (off by default): the leader
+        tells each learner how many inner steps its rounds train, up to ``adaptive_max x
+        inner_steps`` (see :class:`LeaderConfig`).
       max_staleness: drop contributions older than this many versions.
       version_cache: versions a follower keeps for the server reference.
       heartbeat_interval: learners' heartbeat interval (eviction after 3 missed).
@@ -92,6 +95,9 @@ class MethodSettings:
     rda: bool = True
     round_token_scale: bool = False
     full_round_tokens: float | None = None
+    adaptive_steps: bool = False
+    adaptive_max: float = 2.0
+    inner_steps: int | None = None
     max_staleness: int | None = None
     version_cache: int = 8
     heartbeat_interval: float = 10.0
@@ -243,6 +249,9 @@ def build(name: str, settings: MethodSettings | None = None) -> Method:
         num_followers=s.num_followers,
         layer_owner=s.layer_owner,
         deal_chunks=s.deal_chunks,
+        adaptive_steps=s.adaptive_steps,
+        adaptive_max=s.adaptive_max,
+        inner_steps=s.inner_steps,
     )
     if name == "dips":
         lc = LeaderConfig(weighting="tokens", penalty=s.penalty, reference="server", **common)

@@ -15,7 +15,7 @@ class _Unavailable(grpc.RpcError):
     pass
 
 
-def _node(grants, inner_steps=8, state=State.TRAINING):
+def _node(grants, inner_steps=8, state=State.TRAINING, told=0):
     calls = []
 
     def lease():
@@ -28,7 +28,7 @@ def _node(grants, inner_steps=8, state=State.TRAINING):
     node = types.SimpleNamespace(
         stream=object(),
         terminating=False,
-        proto=types.SimpleNamespace(state=state),
+        proto=types.SimpleNamespace(state=state, steps=told),
         spec=types.SimpleNamespace(sim=types.SimpleNamespace(inner_steps=inner_steps)),
         ahead=collections.deque(),
         regrant=[],
@@ -75,3 +75,12 @@ def test_a_round_a_rejoin_ended_leases_nothing_more():
     node.ahead.append((5, 0, 4))
     assert LearnerNode.next_chunk(node) is None
     assert not calls and list(node.ahead) == [(5, 0, 4)]
+
+
+def test_leases_ahead_the_steps_the_leader_told_it():
+    """Adaptive steps (EXTENSION): the next round trains the count the leader said
+    (``LearnerProtocol.steps``), so that many batches are leased ahead, not ``H``."""
+    pieces = [(3, 0, 4), (5, 0, 4), (9, 0, 4), (11, 0, 4)]
+    node, calls = _node(list(pieces), told=12)
+    LearnerNode._lease_ahead(node)
+    assert list(node.ahead) == pieces[:3] and len(calls) == 3  # 12 batches, not 8

@@ -31,7 +31,9 @@ def _alive(pids):
 @pytest.mark.parametrize(
     "method,extra",
     [
-        ("dips", {}),
+        # Adaptive steps (EXTENSION): learner 0, 1.5 times as fast, is told to train about
+        # 24 steps a round; the processes carry the count from the leader's word to the push.
+        ("dips", {"adaptive_steps": True}),
         # deal_chunks: its quorum is all M learners from the first round (as the simulator
         # runs it), so a learner whose process starts late on a loaded machine is waited for
         # rather than left out of every round (a CI rehearsal saw learner 1 join after the
@@ -117,6 +119,10 @@ def test_processes_train_to_the_budget_and_the_tape_replays_bit_for_bit(
             rec.weights,
             rec.clip_factor if rec.clip_factor is not None else 1.0,
         )
+    if sim.adaptive_steps:  # the fast learner trained more steps than H, as it was told
+        steps = [(p.learner, p.meta.steps) for r in tape.round_records() for p in r.participants]
+        assert any(j == 0 and n > sim.inner_steps for j, n in steps), steps
+        assert all(n <= 2 * sim.inner_steps for _, n in steps), steps
     if sim.overlap:  # learners trained on while their pushes were in flight
         assert any(not p.meta.pulled for r in tape.round_records() for p in r.participants)
     _assert_no_secret_outside_the_credentials(spec)

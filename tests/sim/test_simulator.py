@@ -317,3 +317,35 @@ def test_dips_under_the_quorum_policy_merges_k_pushes_a_round():
     sizes = [len(r["participants"]) for r in q3.tape.rounds()]
     assert sizes and min(sizes) >= 3, sizes
     assert min(len(r["participants"]) for r in dyn.tape.rounds()) == 1
+
+
+@pytest.mark.slow
+def test_adaptive_steps_gather_every_learner_under_a_quorum_of_one():
+    """EXTENSION (``adaptive_steps``): at eta 100 a quorum of 1 leaves the slowest learner
+    out of rounds; told to train as many steps as fit until the next beat (the fast ones
+    up to 2H, the slow one fewer than H once, to catch up), every learner is in every round
+    from the third on, each round's steps follow the learners' speeds, and the run reaches
+    K=M's loss within 2% sooner. The books still balance, and replay agrees."""
+    kw = dict(method="decoupled", eta=100, token_budget=6 * ROUND, step_noise=0.0)
+    plain = simulate(SimConfig(quorum=1, **kw))
+    cfg = SimConfig(quorum=1, adaptive_steps=True, **kw)
+    res = simulate(cfg)
+    km = simulate(SimConfig(quorum=4, **kw))
+    rounds = res.tape.round_records()
+    assert min(len(r.participants) for r in plain.tape.round_records()) == 1
+    assert [len(r.participants) for r in rounds[2:]] == [4] * len(rounds[2:])
+    speed = [1 + j / 3 for j in range(4)]  # eta 100: slowdowns spread over [1, 2]
+    for r in rounds[3:]:  # every learner measured and in step: H x slowest / own
+        steps = {p.learner: p.meta.steps for p in r.participants}
+        assert steps == {j: round(16 * 2 / speed[j]) for j in range(4)}, steps
+    assert res.virtual_time < km.virtual_time
+    assert res.final_loss <= 1.02 * km.final_loss
+    assert res.tokens.imbalance() == 0
+    assert tree_equal(replay(cfg, res.tape), res.params)
+
+
+def test_adaptive_steps_need_learners_that_wait_for_their_pull():
+    with pytest.raises(ValueError, match="adaptive_steps"):
+        SimConfig(method="decoupled", adaptive_steps=True, overlap=True)
+    with pytest.raises(ValueError, match="adaptive_max must be >= 1"):
+        SimConfig(adaptive_steps=True, adaptive_max=0.5)

@@ -63,6 +63,7 @@ EXAMPLES = [
         last_round=3,
         last_outcome="dropped",
         booked=5,
+        steps=24,
     ),
     m.PushShards(
         round_id=13,
@@ -84,7 +85,13 @@ EXAMPLES = [
     ),
     m.Apply(round_id=17, version=18, clip_factor=0.75, merged_sq_norm=2.5),
     m.Discard(round_id=19, reason="all rejected"),
-    m.NotifyPull(round_id=20, learners=(1, 2), version=21, outcomes=("applied", "stale")),
+    m.NotifyPull(
+        round_id=20,
+        learners=(1, 2),
+        version=21,
+        outcomes=("applied", "stale"),
+        steps=(16, 32),
+    ),
     m.GrantChunk(learner=22, chunk=23, start=2, end=4),
     m.GrantChunk(learner=22, chunk=None),
     m.GrantChunk(learner=22, chunk=0, start=0, end=1),

@@ -197,20 +197,22 @@ class FollowerHeartbeat(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ...) -> None: ...
 
 class SendModel(_message.Message):
-    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked")
+    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked", "steps")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_FIELD_NUMBER: _ClassVar[int]
     LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     BOOKED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
     leases: _containers.RepeatedCompositeFieldContainer[Span]
     last_round: int
     last_outcome: str
     booked: int
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ...) -> None: ...
+    steps: int
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")
@@ -289,16 +291,18 @@ class Discard(_message.Message):
     def __init__(self, round_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class NotifyPull(_message.Message):
-    __slots__ = ("round_id", "learners", "version", "outcomes")
+    __slots__ = ("round_id", "learners", "version", "outcomes", "steps")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     learners: _containers.RepeatedScalarFieldContainer[int]
     version: int
     outcomes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ..., outcomes: _Optional[_Iterable[str]] = ...) -> None: ...
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, round_id: _Optional[int] = ..., learners: _Optional[_Iterable[int]] = ..., version: _Optional[int] = ..., outcomes: _Optional[_Iterable[str]] = ..., steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GrantChunk(_message.Message):
     __slots__ = ("learner", "chunk", "start", "end")

@@ -887,9 +887,10 @@ class Leader:
         # batches stay where they are: with its learner, who trains them again (or exits,
         # and its next incarnation's join gives them back), or already given back when an
         # older incarnation's push arrives; a retry's first copy settles them itself.
-        # Not booked: a push of an incarnation that never joined (``ghost``), or one
-        # claiming more than the job's geometry allows (``bounds``); its sender counts
-        # neither (``UNBOOKED``).
+        # Not booked: a push of an incarnation that never joined (``ghost``), one claiming
+        # more than the job's geometry allows (``bounds``), or one of a member that must
+        # pull first (``inactive``: maybe sent before a rejoin whose count did not hold
+        # it); its sender counts none of them (``UNBOOKED``).
         self.refused[kind] += 1
         if kind not in UNBOOKED:
             self._book(ev)

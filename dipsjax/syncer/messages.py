@@ -45,12 +45,15 @@ class RefuseKind(enum.StrEnum):
 
 
 #: Refusals whose push is not booked: no process of the job sent it (an incarnation that
-#: never joined), or its counts are beyond what any learner of the job can train; so no
+#: never joined), its counts are beyond what any learner of the job can train, or its
+#: member must pull first (``inactive``: the learner rejoins and trains those batches again
+#: from its checkpoint; a request that reaches the leader after that rejoin, late, is one
+#: the rejoin's ``SendModel.booked`` did not hold, so its learner never counts it); so no
 #: learner counts it either. Every other refused push is booked (reported and dropped), as
 #: its learner counts it: ``unknown`` too, a learner of the job the leader no longer has as
 #: a member (evicted, or forgotten by a restart); a learner id outside the job is refused
 #: before (``Leader.screen``) and never booked.
-UNBOOKED = frozenset({RefuseKind.GHOST, RefuseKind.BOUNDS})
+UNBOOKED = frozenset({RefuseKind.GHOST, RefuseKind.BOUNDS, RefuseKind.INACTIVE})
 
 
 class BadKind(enum.StrEnum):

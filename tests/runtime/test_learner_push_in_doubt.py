@@ -196,3 +196,49 @@ def test_the_restore_command_carries_the_leaders_count_to_the_settling():
     node.restore = None
     LearnerNode._one(node, m.Restore(None, (), 7, last_round=-1, last_outcome="lost", booked=3))
     assert node.reported == 1064 and node.in_doubt == 0 and node.booked_pushes == 3
+
+
+class _Late:
+    """A control channel whose push request is late: the call fails first, and the
+    request reaches the leader's core afterwards (``deliver``)."""
+
+    refused = ""
+
+    def __init__(self):
+        self.late = []
+
+    def call(self, event):
+        self.late.append(event)
+        raise StaleLeader(1, 2)
+
+
+def test_a_push_request_that_reaches_the_leader_after_its_learners_rejoin_is_booked_by_neither():
+    """The request of a push in doubt can reach the leader after the learner's rejoin (a
+    paused leader takes its queued calls in any order): the rejoin's count did not hold
+    it, so the learner did not count it, and the member, which must pull first, was
+    refused it as ``inactive``. The leader booked that refusal: its books held one push
+    more than the learner's. A push refused as ``inactive`` is now booked by neither side
+    (its learner trains those batches again, from its checkpoint)."""
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    late = _Late()
+    node = _sending(_node(known_round=-1), late)
+    node.reported, node.booked_pushes = 0, 0
+    push = m.PushRequested(0.5, J, m.PushMeta(tokens=2048, steps=4, base_version=0))
+    assert LearnerNode._send(node, push) == []
+    assert node.in_doubt == 2048
+    (send,) = leader.handle(m.Join(2.0, J, resume=True))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.reported == 0 and send.booked == 0
+    (refuse,) = leader.handle(late.late[0])  # the late request, after the rejoin
+    assert refuse.kind == m.RefuseKind.INACTIVE
+    assert leader.ledger.reported.get(J, 0) == node.reported == 0
+    assert leader.members[J].booked == 0
+    # Answered (not late), the refusal is not counted by the learner either.
+    node.control = types.SimpleNamespace(call=leader.handle, refused="")
+    node.proto.on_action = lambda a, t, g: []
+    node.now, node.generation = (lambda: 0.0), 0
+    assert LearnerNode._send(node, push) == []
+    assert leader.ledger.reported.get(J, 0) == node.reported == 0

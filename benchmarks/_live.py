@@ -29,7 +29,8 @@ def read_json(path: Path) -> Any:
 
 class LiveJob:
     """A Di-PS job of :data:`LEARNERS` learners (speeds 1, 1.3, 1.6) and :data:`FOLLOWERS`
-    followers in ``folder / "run"``, its budget ``pushes`` full rounds, its spec changed by
+    followers in ``folder / "run"`` (its ``SimConfig`` changed by ``sim_changes``), its
+    budget ``pushes`` full rounds, its spec changed by
     ``spec_changes`` (e.g. ``max_restarts``) and written to ``folder / "spec.json"``, its
     launcher started (``standby``: with a standby leader); and what its files say while it
     runs."""
@@ -40,6 +41,7 @@ class LiveJob:
         pushes: int,
         inner_steps: int,
         standby: bool = False,
+        sim_changes: dict[str, Any] | None = None,
         **spec_changes: Any,
     ):
         from dipsjax.launch.run import make_spec
@@ -51,6 +53,7 @@ class LiveJob:
             followers=FOLLOWERS,
             inner_steps=inner_steps,
             speeds=(1, 1.3, 1.6),
+            **(sim_changes or {}),
         )
         self.sim = dataclasses.replace(sim, token_budget=sim.full_round_tokens * pushes)
         folder.mkdir(parents=True, exist_ok=True)

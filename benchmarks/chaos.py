@@ -14,14 +14,17 @@ schedule, at moments picked from it too, one fault after another:
 * ``pause`` (with ``--standby``): the role is paused (SIGSTOP) for twice the leader's lease,
   then woken (SIGCONT), instead of killed.
 
-With ``--standby`` the job runs a standby leader (issue 22), and the roles the schedule
-picks from include it: either leader process, active or standing by, may be killed or
-paused at any moment. The active leader's fault is detected when the other process claims
-the next epoch (its claim's time), and recovered when the new leader has written its
-status; the idle standby's, by the launcher's restart, and recovered when it runs again.
-The idle one of the two leader processes (the other known to hold the lease), paused, is
-watched by nobody (no round waits for it): there is nothing to detect, and it has survived
-once it runs again as the same process; the pause's length is not reported as a recovery.
+With ``--adaptive`` the leader tells each learner its inner steps (the adaptive-steps
+extension, ``sim.adaptive_steps``), so that rounds, leases and pushes of varying lengths
+meet the faults too. With ``--standby`` the job runs a standby leader (issue 22), and the
+roles the schedule picks from include it: either leader process, active or standing by, may
+be killed or paused at any moment. The active leader's fault is detected when the other
+process claims the next epoch (its claim's time), and recovered when the new leader has
+written its status; the idle standby's, by the launcher's restart, and recovered when it
+runs again. The idle one of the two leader processes (the other known to hold the lease),
+paused, is watched by nobody (no round waits for it): there is nothing to detect, and it has
+survived once it runs again as the same process; the pause's length is not reported as a
+recovery.
 
 After each fault it waits until the role is back (or 60 s) and records, on its own clock,
 how long the system took to **detect** it (the leader's record that a learner was evicted
@@ -82,7 +85,13 @@ class Chaos(LiveJob):
     """One run under faults: start, kill, watch, audit."""
 
     def __init__(
-        self, base: Path, index: int, pushes: int, inner_steps: int, standby: bool = False
+        self,
+        base: Path,
+        index: int,
+        pushes: int,
+        inner_steps: int,
+        standby: bool = False,
+        sim_changes: dict | None = None,
     ) -> None:
         # Faults are the point here: every role may die many times.
         super().__init__(
@@ -90,6 +99,7 @@ class Chaos(LiveJob):
             pushes,
             inner_steps,
             standby=standby,
+            sim_changes=sim_changes,
             max_restarts=50,
             apply_delay=0.3,
         )
@@ -387,7 +397,13 @@ def main() -> None:
     parser.add_argument(
         "--standby", action="store_true", help="runs with a standby leader (see above)"
     )
+    parser.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="EXTENSION: the leader tells each learner its inner steps (sim.adaptive_steps)",
+    )
     args = parser.parse_args()
+    changes = {"adaptive_steps": True} if args.adaptive else None
     base = Path(tempfile.mkdtemp(prefix="dipsjax-chaos-"))
     rng = random.Random(args.seed)
     runs = 1 if args.tiny else args.runs
@@ -398,16 +414,23 @@ def main() -> None:
             # over), then that one, active now, paused mid-push (the first, restarted as
             # the standby, takes over; the woken one is deposed).
             plan = [("apply", ["leader"]), ("pause", ["standby"])]
-            chaos = Chaos(base, i, pushes=20, inner_steps=4, standby=True)
+            chaos = Chaos(base, i, pushes=20, inner_steps=4, standby=True, sim_changes=changes)
         elif args.tiny:
             plan = [("apply", ["follower1"]), ("push", ["learner1"])]
             # 20 full rounds (60 pushes): two runs measured had 12 and 20 pushes in when
             # the killed learner was active again, both faults over (30 rounds trained on
             # for 70-78 more pushes only to reach the budget).
-            chaos = Chaos(base, i, pushes=20, inner_steps=4)
+            chaos = Chaos(base, i, pushes=20, inner_steps=4, sim_changes=changes)
         else:
             plan = schedule(rng, args.faults, args.standby)
-            chaos = Chaos(base, i, pushes=20 * args.faults, inner_steps=8, standby=args.standby)
+            chaos = Chaos(
+                base,
+                i,
+                pushes=20 * args.faults,
+                inner_steps=8,
+                standby=args.standby,
+                sim_changes=changes,
+            )
         print(f"run {i}: {chaos.run}: {plan}", flush=True)
         for moment, roles in plan:
             if not chaos.moment(moment, rng):

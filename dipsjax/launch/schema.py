@@ -360,6 +360,13 @@ CROSS: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool], bool], ...] = 
         False,
     ),
     (
+        "sim.adaptive_steps",
+        f"false unless sim.method is one that weighs pushes by tokens "
+        f"({', '.join(sim_lib.ADAPTIVE_METHODS)})",
+        lambda s: not s["adaptive_steps"] or s["method"] in sim_lib.ADAPTIVE_METHODS,
+        False,
+    ),
+    (
         "sim.chunk_len",
         ">= sim.batch_size * sim.seq_len (a chunk holds at least one batch)",
         lambda s: s["chunk_len"] >= s["batch_size"] * s["seq_len"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from dipsjax import rules
@@ -11,6 +12,8 @@ from dipsjax.syncer import methods as methods_lib
 SYNCER_METHODS = methods_lib.METHODS
 CLIPS = methods_lib.CLIPS
 METHODS = ("dp", "sync_diloco", "naive_async", "dips", "decoupled", "async_diloco")
+#: The methods adaptive steps (EXTENSION) is for: their merges weigh each push by its tokens.
+ADAPTIVE_METHODS = ("dips", "decoupled")
 WIRE_BYTES = {"fp32": 4.0, "bf16": 2.0, "int8": 1.0, "int4": 0.5, "stat2": 0.28125}
 #: Codecs only the simulator carries so far (the runtime's data plane does not).
 SIM_ONLY_WIRES: tuple[str, ...] = ()  # wire codecs `dipsjax run` refuses (none now)
@@ -293,8 +296,16 @@ class SimConfig:
                 "pull notice, which starts that round only for learners that wait for their "
                 "pull: it cannot be combined with overlap=True"
             )
-        if self.adaptive_max < 1:
-            raise ValueError(f"SimConfig.adaptive_max must be >= 1, got {self.adaptive_max!r}")
+        if not (math.isfinite(self.adaptive_max) and self.adaptive_max >= 1):
+            raise ValueError(
+                f"SimConfig.adaptive_max must be >= 1 and finite, got {self.adaptive_max!r}"
+            )
+        if self.adaptive_steps and self.method not in ADAPTIVE_METHODS:
+            raise ValueError(
+                f"SimConfig.adaptive_steps needs a method that weighs each push by its tokens "
+                f"({' or '.join(ADAPTIVE_METHODS)}), got method={self.method!r}: under "
+                "uniform weighting a round of 2H steps would count as one of H"
+            )
 
     def _apply_preset(self) -> None:
         if not self.outer_preset:

@@ -112,6 +112,8 @@ from dipsjax.syncer.tape import (
 REFERENCES = ("start", "server")
 #: Adaptive steps (EXTENSION): the weight of a push's train time in its learner's EMA.
 SPEED_EMA = 0.5
+#: Adaptive steps: a report counts at most this many times off its learner's estimate.
+SPEED_JUMP = 2.0
 
 # ----------------------------------------------------------------------------- config
 
@@ -158,7 +160,8 @@ class LeaderConfig:
       learners: the job's learner ids are ``0 .. learners - 1``: an event about another id
         is refused by :meth:`Leader.screen` (None: any id, as in the simulator).
       max_push_steps: a push reports at most this many inner steps (the job's
-        ``inner_steps``), else it is refused (``bounds``) and not booked (None: no bound).
+        ``inner_steps``; with ``adaptive_steps``, ``adaptive_max x inner_steps``), else it is
+        refused (``bounds``) and not booked (None: no bound).
       step_tokens: one inner step trains at most this many tokens (``batch_size *
         seq_len``): a push reporting more than ``steps * step_tokens`` is refused
         (``bounds``) and not booked (None: no bound).
@@ -203,6 +206,7 @@ class LeaderConfig:
     adaptive_max: float = 2.0
 
     def __post_init__(self) -> None:
+        most = self.most_steps() if math.isfinite(self.adaptive_max) else math.inf
         checks = [
             (self.weighting in rules.WEIGHTINGS, "weighting", "tokens|decoupled|uniform"),
             (self.max_norm is None or self.max_norm > 0, "max_norm", "> 0 or None"),
@@ -250,13 +254,17 @@ class LeaderConfig:
                 "inner_steps",
                 "set (the job's H) when adaptive_steps is on",
             ),
-            (self.adaptive_max >= 1, "adaptive_max", ">= 1"),
+            (
+                math.isfinite(self.adaptive_max) and self.adaptive_max >= 1,
+                "adaptive_max",
+                ">= 1 and finite",
+            ),
             (
                 not self.adaptive_steps
                 or self.max_push_steps is None
-                or self.max_push_steps >= self.most_steps(),
+                or self.max_push_steps >= most,
                 "max_push_steps",
-                f">= adaptive_max x inner_steps = {self.most_steps()} when adaptive_steps is on",
+                f">= adaptive_max x inner_steps = {most} when adaptive_steps is on",
             ),
         ]
         for ok, name, allowed in checks:
@@ -358,7 +366,18 @@ class Member:
     last_outcome: str = ""  # applied | rejected | dropped
     booked: int = 0  # pushes of this incarnation booked (reported), refused ones included
     in_grace: bool = False  # resumed leader: last_seen is a deadline, until its first contact
-    step_seconds: float = 0.0  # adaptive steps: EMA of its seconds per inner step (0: none)
+    # Adaptive steps: EMAs of its pushes' train seconds and steps (their ratio is its
+    # seconds per step; 0: none yet), of its time from a notice to its training, and when
+    # it was last told its steps (-1: not since).
+    train_ema: float = 0.0
+    steps_ema: float = 0.0
+    lead_seconds: float = 0.0
+    notified: float = -1.0
+
+    @property
+    def step_seconds(self) -> float:
+        """Adaptive steps: its seconds per inner step (0: not measured)."""
+        return self.train_ema / self.steps_ema if self.steps_ema > 0 else 0.0
 
 
 class Leader:
@@ -708,37 +727,65 @@ class Leader:
 
     def steps_for(self, learner: int, now: float) -> int:
         """Adaptive steps (EXTENSION, ``LeaderConfig.adaptive_steps``): the inner steps of
-        the round ``learner`` starts at ``now`` (0: not said, the job's ``H``; always 0 when
-        off). Every learner aims its push at one moment, the *beat*: ``H`` steps of the
-        slowest member after the first learner that starts once the last beat passed; a
-        learner is given the steps its own speed fits in until the beat (at least one, at
-        most ``adaptive_max x H``). A learner left out of a round so catches up with the
-        others at the next beat, with a shorter round, instead of keeping its phase behind
-        them for good."""
+        the round ``learner`` is told of at ``now`` (its pull notice or its model; 0: not
+        said, the job's ``H``; always 0 when off). Every learner aims its push at one
+        moment, the *beat*: when the slowest member, told now, would push after ``H``
+        steps (the most, over the members, of their time from a notice to its training
+        plus ``H`` of their steps), set by the first notice once the last beat has passed
+        (and brought closer when that time shrinks, a slow member gone). A learner is given
+        the steps that fit, at its speed, between the end of its own time before training
+        and the beat (at least one, at most ``adaptive_max x H``; the beat after it if
+        this one is less than half a step away). A learner left out of a round so catches
+        up with the others at the next beat, with a shorter round, instead of keeping its
+        phase behind them for good. Records the notice's time, from which the learner's
+        next push measures its time before training."""
         cfg = self.config
         member = self.members.get(learner)
-        if not cfg.adaptive_steps or member is None or member.step_seconds <= 0:
+        if not cfg.adaptive_steps or member is None:
+            return 0
+        member.notified = now
+        if member.step_seconds <= 0:
             return 0
         h = cfg.inner_steps or 1
-        period = h * max(m.step_seconds for m in self.members.values())
+        measured = [m for m in self.members.values() if m.step_seconds > 0]
+        period = max(m.lead_seconds + h * m.step_seconds for m in measured)
         if self.beat is None or self.beat <= now:
             self.beat = now + period
-        steps = (self.beat - now) / member.step_seconds
-        if steps < 0.5:  # (the beat is now: the one after it)
+        self.beat = min(self.beat, now + period)
+        most = cfg.most_steps()
+        steps = (self.beat - now - member.lead_seconds) / member.step_seconds
+        if steps < 0.5:  # (the beat is too close: the one after it)
             steps += period / member.step_seconds
-        return min(cfg.most_steps(), max(1, round(steps)))
+        if not math.isfinite(steps):
+            return most
+        return int(min(most, max(1, round(min(steps, most)))))
 
-    def _observe_speed(self, member: Member, meta: PushMeta) -> None:
-        """Adaptive steps: a push's reported train time updates its learner's seconds per
-        step (an EMA, weight :data:`SPEED_EMA` on the newest)."""
+    def _observe_speed(self, member: Member, meta: PushMeta, t: float) -> None:
+        """Adaptive steps: a push's train time and steps update its learner's seconds per
+        step (the ratio of their EMAs, so a short round weighs little), and the time from
+        its last notice to the push less that train time its time before training (its
+        pull, mostly). EMAs of weight :data:`SPEED_EMA` on the newest; a report more than
+        :data:`SPEED_JUMP` times off the estimate moves it as one that far would (a paused
+        process, a pull that waited for a follower: one round cannot set the beat)."""
+        notified, member.notified = member.notified, -1.0
         if not self.config.adaptive_steps or meta.steps <= 0 or not meta.train_seconds > 0:
             return
-        per_step = meta.train_seconds / meta.steps
-        if not math.isfinite(per_step):
-            return
-        last = member.step_seconds
-        a = SPEED_EMA
-        member.step_seconds = per_step if last <= 0 else a * per_step + (1 - a) * last
+        a, jump = SPEED_EMA, SPEED_JUMP
+        seconds = meta.train_seconds
+        if member.step_seconds > 0:
+            expect = meta.steps * member.step_seconds
+            seconds = min(max(seconds, expect / jump), expect * jump)
+        if member.steps_ema <= 0:
+            member.train_ema, member.steps_ema = seconds, float(meta.steps)
+        else:
+            member.train_ema = a * seconds + (1 - a) * member.train_ema
+            member.steps_ema = a * meta.steps + (1 - a) * member.steps_ema
+        lead = t - notified - meta.train_seconds
+        if notified >= 0 and math.isfinite(lead) and lead >= 0:
+            last = member.lead_seconds
+            if last > 0:
+                lead = min(lead, last * jump)
+            member.lead_seconds = lead if last <= 0 else a * lead + (1 - a) * last
 
     def _on_Leave(self, ev: Leave) -> list[Action]:
         return self._remove(ev.learner, ev.t, "left")
@@ -931,14 +978,15 @@ class Leader:
                 "incarnation",
                 f"incarnation {meta.incarnation} is not the member's {member.incarnation}",
             )
-        if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version:
+        bad_time = not math.isfinite(meta.train_seconds) or meta.train_seconds < 0
+        if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version or bad_time:
             return self._refuse(ev, "invalid", f"invalid push {meta}")
         if any(p.learner == ev.learner for p in self.waiting + self._open_pushes()):
             return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self._book(ev)
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
-        self._observe_speed(member, meta)
+        self._observe_speed(member, meta, ev.t)
         push = Push(ev.learner, meta, ev.t)
         # Di-PS sec. 6: a push that arrives before the update starts joins the round (the
         # pseudo-code picks up pending requests and re-arms the window on each arrival).
@@ -1424,6 +1472,8 @@ class Leader:
             self.stopped, self.stop_reason = False, ""
         self.tape.append("resume", t=t, version=self.version, reopened=reopened)
         self.beat = None  # a time of the last process's clock
+        for member in self.members.values():
+            member.notified = -1.0
         actions: list[Action] = []
         grace = 2 * self.config.heartbeat_interval if alone else self.config.rejoin_grace
         for k in self.followers_up:

@@ -344,8 +344,12 @@ def test_adaptive_steps_gather_every_learner_under_a_quorum_of_one():
     assert tree_equal(replay(cfg, res.tape), res.params)
 
 
-def test_adaptive_steps_need_learners_that_wait_for_their_pull():
+def test_adaptive_steps_need_learners_that_wait_for_their_pull_and_token_weighting():
     with pytest.raises(ValueError, match="adaptive_steps"):
         SimConfig(method="decoupled", adaptive_steps=True, overlap=True)
-    with pytest.raises(ValueError, match="adaptive_max must be >= 1"):
-        SimConfig(adaptive_steps=True, adaptive_max=0.5)
+    with pytest.raises(ValueError, match="adaptive_max must be >= 1 and finite"):
+        SimConfig(adaptive_steps=True, adaptive_max=float("inf"))
+    # Under uniform weighting a round of 2H steps would count as one of H.
+    for method in ("sync_diloco", "naive_async", "dp", "async_diloco"):
+        with pytest.raises(ValueError, match="weighs each push by its tokens"):
+            SimConfig(method=method, adaptive_steps=True)

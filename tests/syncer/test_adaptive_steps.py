@@ -1,6 +1,8 @@
 """Adaptive inner steps (EXTENSION, ``LeaderConfig.adaptive_steps``): the leader's count
 for each learner from the train times its pushes report, and the learner's side of it."""
 
+import math
+
 import pytest
 
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace, QuorumGrace
@@ -28,9 +30,10 @@ def join_all(leader, n):
 
 
 def run_round(leader, t, pushes):
-    """One round of ``pushes`` ``(learner, steps, seconds)`` through to its pull notice."""
-    for j, steps, seconds in pushes:
-        leader.handle(push(t, j, steps, seconds, leader.version))
+    """One round of ``pushes`` ``(learner, steps, seconds[, at])`` (``at``: when it is
+    requested, else ``t``) through to its pull notice, at ``t``."""
+    for j, steps, seconds, *at in pushes:
+        leader.handle(push(at[0] if at else t, j, steps, seconds, leader.version))
     rnd = leader.round
     acts = []
     for p in list(rnd.pushes):
@@ -44,9 +47,11 @@ def run_round(leader, t, pushes):
     return notify
 
 
-def expected(rate, j, until, cap=2 * H):
-    """The count by the formula: learner ``j``'s steps in ``until`` seconds."""
-    return min(cap, max(1, round(until / rate[j])))
+def expected(rate, j, until, lead=None, cap=2 * H):
+    """The count by the formula: learner ``j``'s steps in ``until`` seconds less its time
+    before training."""
+    lead = lead or {}
+    return min(cap, max(1, round((until - lead.get(j, 0.0)) / rate[j])))
 
 
 def test_a_round_together_each_learner_is_given_the_steps_the_slowest_trains_h_in():
@@ -59,11 +64,18 @@ def test_a_round_together_each_learner_is_given_the_steps_the_slowest_trains_h_i
     rate = {0: 1.0, 1: 1.5, 2: 2.0}
     assert notify.steps == tuple(expected(rate, j, H * 2.0) for j in (0, 1, 2))
     assert leader.beat == H * 2.0  # their pushes are aimed at 16 s from the notice
-    # The next round's reports move each estimate by an EMA: learner 1 now 1 s a step.
-    notify = run_round(leader, 20.0, [(0, 16, 16.0), (1, 11, 11.0), (2, H, 16.0)])
-    rate[1] = SPEED_EMA * 1.0 + (1 - SPEED_EMA) * 1.5
-    assert notify.steps == tuple(expected(rate, j, H * 2.0) for j in (0, 1, 2))
-    assert notify.steps[1] == 13  # 8 x 2 / 1.25 = 12.8
+    # The next round's reports move each estimate by an EMA (learner 1 now 1 s a step),
+    # and measure each one's time from its notice (at 0) to its training: 1, 1 and 3 s.
+    pushes = [(0, 16, 16.0, 17.0), (1, 11, 11.0, 12.0), (2, H, 16.0, 19.0)]
+    notify = run_round(leader, 19.0, pushes)
+    a = SPEED_EMA  # learner 1: the EMAs of its seconds and of its steps, then their ratio
+    rate[1] = (a * 11.0 + (1 - a) * 12.0) / (a * 11 + (1 - a) * H)
+    lead = {0: 1.0, 1: 1.0, 2: 3.0}
+    assert [leader.members[j].lead_seconds for j in (0, 1, 2)] == [1.0, 1.0, 3.0]
+    period = max(lead[j] + H * rate[j] for j in (0, 1, 2))  # the slowest's: 3 + 16 s
+    assert leader.beat == 19.0 + period == 38.0
+    assert notify.steps == tuple(expected(rate, j, period, lead) for j in (0, 1, 2))
+    assert notify.steps == (16, 15, 8)  # 18 capped at 2H; 18 / 1.21 = 14.9; 16 / 2
 
 
 def test_a_learner_left_out_catches_up_at_the_beat_with_a_shorter_round():
@@ -120,13 +132,16 @@ def test_a_rejoin_is_told_its_steps_and_a_new_incarnation_measures_afresh():
     assert send.steps == 0
 
 
-def test_the_slowest_gone_the_others_train_h_again():
+def test_the_slowest_gone_the_others_train_h_again_at_once():
+    """Also before the beat it set: the beat comes closer when the period shrinks."""
     leader = Leader(config(), QuorumGrace(k=2, grace=False))
-    join_all(leader, 2)
-    run_round(leader, 0.0, [(0, H, 8.0), (1, H, 16.0)])
-    assert leader.steps_for(0, 16.0) == 16
-    leader.handle(m.Leave(17.0, 1))
-    assert leader.steps_for(0, 32.0) == H
+    join_all(leader, 3)
+    # Learner 2 is 100 times slower than learner 0: the beat is 800 s away.
+    run_round(leader, 0.0, [(0, H, 8.0), (1, H, 16.0), (2, H, 800.0)])
+    assert leader.beat == 800.0 and leader.steps_for(0, 1.0) == 16
+    leader.handle(m.Leave(5.0, 2))
+    assert leader.steps_for(1, 10.0) == H and leader.beat == 10.0 + 16.0
+    assert leader.steps_for(0, 10.0) == 16  # 16 s at 1 s a step
 
 
 def test_the_estimates_survive_a_leader_restart():
@@ -137,7 +152,7 @@ def test_the_estimates_survive_a_leader_restart():
     assert back.config.adaptive_steps and back.members[0].step_seconds == 1.0
     assert back.beat == 16.0 and back.steps_for(0, 10.0) == 6
     back.resume(3.0)  # a new process: its clock starts again, the beat is forgotten
-    assert back.beat is None
+    assert back.beat is None and all(m.notified == -1.0 for m in back.members.values())
 
 
 def test_a_round_of_the_given_steps_passes_the_bounds_and_more_is_refused():
@@ -149,12 +164,58 @@ def test_a_round_of_the_given_steps_passes_the_bounds_and_more_is_refused():
     assert refuse.kind == m.RefuseKind.BOUNDS
 
 
+def test_a_short_round_weighs_little_and_one_report_moves_an_estimate_at_most_twofold():
+    """A round's train time holds a fixed cost besides its steps (in the runtime: the
+    pseudo-gradient and its copy), which a short round (a catch-up) spreads over few
+    steps; and a paused process reports a long time once. Neither may set the beat."""
+    leader = Leader(config(), NoGrace())
+    join_all(leader, 1)
+    run_round(leader, 0.0, [(0, 16, 16.0)])  # 1 s a step
+    run_round(leader, 1.0, [(0, 1, 3.0)])  # 1 step in 3 s: counted as 2 s, weighed as 1 step
+    a = SPEED_EMA
+    assert leader.members[0].step_seconds == pytest.approx(
+        (a * 2.0 + (1 - a) * 16.0) / (a * 1 + (1 - a) * 16)
+    )
+    assert leader.members[0].step_seconds < 1.06  # an EMA per step would say 2 s
+    run_round(leader, 2.0, [(0, 16, 1600.0)])  # paused for 26 minutes
+    assert leader.members[0].step_seconds < 2.0
+
+
+@pytest.mark.parametrize("seconds", [math.inf, -math.inf, math.nan, -1.0])
+def test_a_push_with_a_train_time_that_is_not_a_time_is_refused_and_changes_nothing(seconds):
+    leader = Leader(config(), NoGrace())
+    join_all(leader, 2)
+    run_round(leader, 0.0, [(0, H, 8.0)])
+    before = leader.snapshot()
+    (refuse,) = leader.handle(push(1.0, 1, H, seconds))
+    assert refuse.kind == m.RefuseKind.INVALID and leader.refused["invalid"] == 1
+    assert leader.members[1].step_seconds == 0.0 and leader.beat == before["beat"]
+
+
+@pytest.mark.parametrize("seconds", [1e-310, 1e-300, 1e300, 1.7e308])
+def test_extreme_train_times_keep_every_count_within_its_bounds(seconds):
+    """A learner reporting an absurd but finite time (hostile, or a broken clock) moves
+    the counts at most to their bounds: the leader never fails on it (it raised
+    ``OverflowError`` in the pull notice, the round left half-ended), and once that
+    learner is gone the others train ``H`` again."""
+    leader = Leader(config(), QuorumGrace(k=2, grace=False))
+    join_all(leader, 2)
+    notify = run_round(leader, 0.0, [(0, H, 8.0), (1, 1, seconds)])
+    assert all(1 <= n <= 2 * H for n in notify.steps), notify.steps
+    (send,) = leader.handle(m.Join(1.0, 1, 0, resume=True))
+    assert 1 <= send.steps <= 2 * H
+    leader.handle(m.Leave(2.0, 1))
+    # Learner 0 alone: its beat within its own H steps (1 s each), whatever came before.
+    assert leader.steps_for(0, 3.0) <= H and 3.0 < leader.beat <= 3.0 + H
+
+
 @pytest.mark.parametrize(
     ("kw", "field"),
     [
         ({"inner_steps": None}, "inner_steps"),
         ({"adaptive_max": 0.5}, "adaptive_max"),
         ({"max_push_steps": H}, "max_push_steps"),
+        ({"adaptive_max": math.inf}, "adaptive_max"),
     ],
 )
 def test_bad_settings_name_the_field(kw, field):

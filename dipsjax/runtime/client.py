@@ -340,8 +340,8 @@ def booked(replies: list[m.Action], refused: str = "") -> bool:
     """Whether the leader booked a push its reply answered: not one it refused before its
     core saw it (``refused``: the call's ``Replies.refused``, e.g. an older incarnation's
     request or a replay), nor one its core refused unbooked (``messages.UNBOOKED``: no
-    member sent it, or its counts are out of bounds). The learner does not count those
-    either, so that the two sides balance."""
+    member sent it, its counts are out of bounds, or its member must pull first). The
+    learner does not count those either, so that the two sides balance."""
     if refused:
         return False
     return not any(isinstance(a, m.Refuse) and a.kind in m.UNBOOKED for a in replies)

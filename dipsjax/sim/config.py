@@ -92,13 +92,15 @@ class SimConfig:
     quorum window, still at most ``gamma * slack``, waits only for the learners expected
     within it, :class:`dipsjax.syncer.grace.QuorumGrace`); ``round_token_scale`` (scale a partial
     round by its share of a full round's tokens); ``adaptive_steps`` (the leader tells each
-    learner how many inner steps fit, at its speed, until the moment every push is aimed
-    at, ``inner_steps`` steps of the slowest learner away; at most ``adaptive_max *
-    inner_steps``, :attr:`dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; learners
-    that wait for their pull only); ``refuse_nonfinite`` (each follower refuses
-    a push holding NaN or Inf when it arrives, before staging it; its learner leaves and
-    comes back as a new incarnation. Off: the push is staged and the leader rejects it in
-    the round by its non-finite squared norm, as the papers' rule does);
+    learner how many inner steps fit, at its speed, between the end of its time before
+    training and the moment every push is aimed at, when the slowest learner, told now,
+    would push after ``inner_steps`` steps; at most ``adaptive_max * inner_steps``,
+    :attr:`dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; for ``dips`` and
+    ``decoupled`` and learners that wait for their pull only); ``refuse_nonfinite`` (each
+    follower refuses a push holding NaN or Inf when it arrives, before staging it; its
+    learner leaves and comes back as a new incarnation. Off: the push is staged and the
+    leader rejects it in the round by its non-finite squared norm, as the papers' rule
+    does);
     ``error_feedback`` (each learner keeps the residual of what the lossy ``wire`` codec
     withheld, adds ``feedback_decay`` times it to its next push and settles it by each
     push's outcome, :mod:`dipsjax.outer._feedback`; in the simulator and, settled by the

@@ -33,9 +33,10 @@ Data: with a chunk ledger (``Leader(data=...)``) learners lease chunks with
 a learner's leases, so every chunk is trained once per epoch whatever the driver.
 
 Accounting: ``ledger`` counts, from events only, the tokens learners reported (pushes,
-refused ones included) and how each push ended (applied, rejected, dropped);
-:meth:`Leader.outstanding_tokens` sums the pushes still pending. The learners count what
-they consumed on their side; the two must balance (tests do that).
+refused ones included, but those refused unbooked: ``messages.UNBOOKED``) and how each
+push ended (applied, rejected, dropped); :meth:`Leader.outstanding_tokens` sums the pushes
+still pending. The learners count what they consumed on their side; the two must balance
+(tests do that).
 
 State is plain data: :meth:`Leader.snapshot` gives JSON (under 100 KB for 64 learners) and
 :meth:`Leader.restore` rebuilds an equal leader from it.
@@ -167,13 +168,16 @@ class LeaderConfig:
         (``bounds``) and not booked (None: no bound).
       adaptive_steps: EXTENSION (not in the papers, off by default): each learner is told
         how many inner steps its next rounds train (``SendModel.steps``,
-        ``NotifyPull.steps``): as many as fit, at its seconds per step (EMAs of the train
-        times its pushes report), until the moment every push is aimed at, ``inner_steps``
-        steps of the slowest member away (:meth:`Leader.steps_for`); at least one, at most
-        ``adaptive_max x inner_steps``. A faster learner so trains more steps in the time
-        the slowest trains ``inner_steps``, every learner's push comes at about the same
-        moment (a quorum of 1 then gathers them all), and one left out of a round catches
-        up. A learner not measured yet trains ``inner_steps``.
+        ``NotifyPull.steps``): as many as fit, at its seconds per step, between the end of
+        its time before training and the moment every push is aimed at, the *beat*: when
+        the slowest member, told now, would push after ``inner_steps`` steps (both
+        estimated from its pushes: :meth:`Leader.steps_for`, :meth:`Leader._observe_speed`);
+        at least one, at most ``adaptive_max x inner_steps``. A faster learner so trains
+        more steps in the time the slowest trains ``inner_steps``, every learner's push
+        comes at about the same moment (a quorum of 1 then gathers them all), and one left
+        out of a round catches up. A learner not measured yet trains ``inner_steps``. For
+        token weighting only (``weighting`` not ``uniform``: a round of more steps must
+        weigh more).
       inner_steps: the job's ``H`` (needed by ``adaptive_steps``).
       adaptive_max: the most steps a round may be given, as a multiple of ``inner_steps``.
     """
@@ -253,6 +257,12 @@ class LeaderConfig:
                 not self.adaptive_steps or self.inner_steps is not None,
                 "inner_steps",
                 "set (the job's H) when adaptive_steps is on",
+            ),
+            (
+                not self.adaptive_steps or self.weighting != "uniform",
+                "weighting",
+                "tokens or decoupled when adaptive_steps is on (a round of more steps must "
+                "weigh more)",
             ),
             (
                 math.isfinite(self.adaptive_max) and self.adaptive_max >= 1,
@@ -365,6 +375,7 @@ class Member:
     last_round: int = -1  # round of its last settled push (-1: none or never admitted)
     last_outcome: str = ""  # applied | rejected | dropped
     booked: int = 0  # pushes of this incarnation booked (reported), refused ones included
+    # (but those refused unbooked, messages.UNBOOKED)
     in_grace: bool = False  # resumed leader: last_seen is a deadline, until its first contact
     # Adaptive steps: EMAs of its pushes' train seconds and steps (their ratio is its
     # seconds per step; 0: none yet), of its time from a notice to its training, and when
@@ -378,6 +389,16 @@ class Member:
     def step_seconds(self) -> float:
         """Adaptive steps: its seconds per inner step (0: not measured)."""
         return self.train_ema / self.steps_ema if self.steps_ema > 0 else 0.0
+
+
+def _member(d: dict[str, Any]) -> Member:
+    """A snapshot's member (one written by the first form of adaptive steps holds its
+    seconds per step as ``step_seconds``: taken as one step's EMAs)."""
+    d = dict(d)
+    per_step = d.pop("step_seconds", None)
+    if per_step and "steps_ema" not in d:
+        d["train_ema"], d["steps_ema"] = float(per_step), 1.0
+    return Member(**d)
 
 
 class Leader:
@@ -1614,7 +1635,7 @@ class Leader:
             version=state["version"],
             data=None if state["data"] is None else chunks.ChunkLedger.from_dict(state["data"]),
         )
-        leader.members = {j: Member(**m) for j, m in state["members"]}
+        leader.members = {j: _member(m) for j, m in state["members"]}
         leader.clock = {j: c for j, c in state["clock"]}
         leader.incarnations = {j: c for j, c in state["incarnations"]}
         if state["round"] is not None:

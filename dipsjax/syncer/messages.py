@@ -318,7 +318,8 @@ class SendModel(Action):
     dropped by the restart with its chunks left with the learner, who trains that round
     again; ``-1``/``''``: none), which batches are still leased to it, in lease order
     (``leases``, ``(chunk, start, end)`` pieces), and how many pushes of its incarnation
-    the leader booked (``booked``, refused ones included; ``-1``: not said): the word on a
+    the leader booked (``booked``, refused ones included but those refused unbooked,
+    :data:`UNBOOKED`; ``-1``: not said): the word on a
     push whose answer was lost, which a round id cannot give for one that waited.
     ``steps``: the inner steps its rounds train from now on (adaptive steps, EXTENSION:
     :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``)."""

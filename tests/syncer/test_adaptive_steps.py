@@ -155,6 +155,19 @@ def test_the_estimates_survive_a_leader_restart():
     assert back.beat is None and all(m.notified == -1.0 for m in back.members.values())
 
 
+def test_a_snapshot_of_the_first_form_still_restores():
+    """Its members held their seconds per step as ``step_seconds`` (c60d164)."""
+    leader = Leader(config(), NoGrace())
+    join_all(leader, 1)
+    state = leader.snapshot()
+    (j, member), *_ = state["members"]
+    for key in ("train_ema", "steps_ema", "lead_seconds", "notified"):
+        del member[key]
+    member["step_seconds"] = 1.5
+    back = Leader.restore(state)
+    assert back.members[j].step_seconds == 1.5 and back.members[j].lead_seconds == 0.0
+
+
 def test_a_round_of_the_given_steps_passes_the_bounds_and_more_is_refused():
     cfg = config(max_push_steps=2 * H, step_tokens=10)
     leader = Leader(cfg, NoGrace())
@@ -216,6 +229,7 @@ def test_extreme_train_times_keep_every_count_within_its_bounds(seconds):
         ({"adaptive_max": 0.5}, "adaptive_max"),
         ({"max_push_steps": H}, "max_push_steps"),
         ({"adaptive_max": math.inf}, "adaptive_max"),
+        ({"weighting": "uniform"}, "weighting"),
     ],
 )
 def test_bad_settings_name_the_field(kw, field):

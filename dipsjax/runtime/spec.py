@@ -208,6 +208,14 @@ class RunSpec:
         for ok, name, allowed in checks:
             if not ok:
                 raise ValueError(f"RunSpec.{name} must be {allowed}, got {getattr(self, name)!r}")
+        if any(s < 1 for s in self.sim.speeds):
+            # A learner process is slowed by sleeping ``speed - 1`` times its measured
+            # step time (a speed below 1 made that sleep negative: ValueError mid-round).
+            raise ValueError(
+                "RunSpec.sim.speeds must be >= 1 each in `dipsjax run` (a learner process is "
+                "slowed down by sleeping; it cannot be sped up; the simulator takes any "
+                f"speed > 0), got {self.sim.speeds!r}"
+            )
 
     @property
     def secrets(self) -> Credentials:

@@ -94,3 +94,11 @@ def test_the_spec_keeps_them_through_spec_json(tmp_path):
 def test_runspec_refuses_limits_the_data_plane_would(fields, named):
     with pytest.raises(ValueError, match=f"RunSpec.{named} must be"):
         RunSpec(SimConfig(), "", (), "", "runs/x", (), 0, **fields)
+
+
+def test_runspec_refuses_a_learner_speed_the_processes_cannot_emulate():
+    """A learner process is slowed by sleeping ``speed - 1`` times its step time: a speed
+    below 1 (which the simulator takes) made that sleep negative, a ValueError mid-round."""
+    with pytest.raises(ValueError, match=r"RunSpec.sim.speeds must be >= 1 each"):
+        RunSpec(SimConfig(learners=2, speeds=(0.5, 1.0)), "", (), "", "runs/x", (), 0)
+    RunSpec(SimConfig(learners=2, speeds=(1.0, 2.0)), "", (), "", "runs/x", (), 0)

@@ -770,16 +770,13 @@ class Leader:
         h = cfg.inner_steps or 1
         measured = [m for m in self.members.values() if m.step_seconds > 0]
         period = max(m.lead_seconds + h * m.step_seconds for m in measured)
-        if self.beat is None or self.beat <= now:
-            self.beat = now + period
-        self.beat = min(self.beat, now + period)
+        if self.beat is None or not now < self.beat <= now + period:
+            self.beat = now + period  # the last one passed, or farther than a period now
         most = cfg.most_steps()
         steps = (self.beat - now - member.lead_seconds) / member.step_seconds
         if steps < 0.5:  # (the beat is too close: the one after it)
             steps += period / member.step_seconds
-        if not math.isfinite(steps):
-            return most
-        return int(min(most, max(1, round(min(steps, most)))))
+        return max(1, round(min(steps, most))) if math.isfinite(steps) else most
 
     def _observe_speed(self, member: Member, meta: PushMeta, t: float) -> None:
         """Adaptive steps: a push's train time and steps update its learner's seconds per

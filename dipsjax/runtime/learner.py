@@ -110,7 +110,7 @@ from dipsjax.runtime.partition import Compute, Partition, process_index
 from dipsjax.runtime.spec import REFUSED_EXIT, RunSpec, address, write_json
 from dipsjax.syncer import messages as m
 from dipsjax.syncer import methods
-from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State
+from dipsjax.syncer.learner import Checkpoint, LearnerProtocol, State, session_base
 from dipsjax.task import load_task
 from dipsjax.transport.dataplane import DataPlaneClient, FrameError, LinkCut, TransferError
 
@@ -260,6 +260,7 @@ class LearnerNode:
             checkpoints=spec.checkpoints,
             saved=self._saved() if resume else (),
             feedback=bool(cfg.error_feedback),
+            session_base=session_base(),
         )
         # Error feedback (EXTENSION): the residual and the pushes not settled yet. In memory
         # only: a process that ends takes it along (see the module docstring).

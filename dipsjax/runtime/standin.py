@@ -41,7 +41,7 @@ from dipsjax.runtime import permissions
 from dipsjax.runtime.client import ControlClient, booked, in_parallel
 from dipsjax.runtime.spec import RunSpec, address
 from dipsjax.syncer import messages as m
-from dipsjax.syncer.learner import LearnerProtocol, State
+from dipsjax.syncer.learner import LearnerProtocol, State, session_base
 from dipsjax.transport.dataplane import DataPlaneClient
 
 
@@ -92,7 +92,7 @@ class StandIn:
         ]
         self.actions: queue.Queue = queue.Queue()
         self.job_stop: m.Stop | None = None  # the leader's Stop, as the watch stream got it
-        self.proto = LearnerProtocol(j, fingerprint=spec.fingerprint)
+        self.proto = LearnerProtocol(j, fingerprint=spec.fingerprint, session_base=session_base())
         rng = np.random.default_rng(1000 + j)
         largest = max(int(np.prod(s)) for s in shapes)
         self.block = (rng.standard_normal(largest, np.float32) * 1e-3).astype(ml_dtypes.bfloat16)

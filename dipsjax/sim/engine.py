@@ -125,7 +125,11 @@ class Engine:
 
     def _new_learner(self, j: int, incarnation: int) -> SimLearner:
         source = lambda: self.cluster.lease(j)  # noqa: E731
-        proto = LearnerProtocol(j, incarnation, overlap=self.overlap)
+        # Sessions apart per incarnation (a process draws its base at random in the runtime):
+        # a new process takes only its own join's model.
+        proto = LearnerProtocol(
+            j, incarnation, overlap=self.overlap, session_base=incarnation << 32
+        )
         return SimLearner(
             j, self.world.learner(j), self.world.stream(source), proto, True, incarnation
         )

@@ -26,7 +26,11 @@ One round (DESIGN.md sec. 3):
 Membership: ``Join`` -> ``SendModel`` (a new learner pulls one complete model of one version
 before it trains). A ``Join`` with a higher incarnation ends the old incarnation first (its
 in-flight push dropped and counted, its chunk leases released). A learner silent for
-``missed_heartbeats`` intervals is evicted without stopping anyone.
+``missed_heartbeats`` intervals is evicted without stopping anyone. Each join, and each
+rejoin, opens a *session* (``Join.session``, the learner's number, echoed by its
+``SendModel``); the learner tags its push requests with it, and a request of another
+session than its member's newest (sent before a rejoin, delivered after it) is refused
+unbooked (``session``).
 
 Data: with a chunk ledger (``Leader(data=...)``) learners lease chunks with
 ``ChunkRequested``; pushes complete the chunks they finished; evictions and restarts release
@@ -384,6 +388,7 @@ class Member:
     steps_ema: float = 0.0
     lead_seconds: float = 0.0
     notified: float = -1.0
+    session: int = 0  # of its newest join (Join.session; 0: untagged, or from before)
 
     @property
     def step_seconds(self) -> float:
@@ -680,23 +685,25 @@ class Leader:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)
                 if ev.resume:
-                    return self._rejoin(ev.learner, ev.t)
+                    return self._rejoin(ev.learner, ev.t, ev.session)
                 return []  # a retried join: nothing new
             # A restart before eviction: the new incarnation ends the old one.
             actions += self._remove(ev.learner, ev.t, "restarted")
         self.incarnations[ev.learner] = ev.incarnation
-        self.members[ev.learner] = Member(joined=ev.t, last_seen=ev.t, incarnation=ev.incarnation)
+        member = Member(joined=ev.t, last_seen=ev.t, incarnation=ev.incarnation, session=ev.session)
+        self.members[ev.learner] = member
         self.clock.setdefault(ev.learner, 0)
         self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
-        return [*actions, SendModel(ev.learner, self.version)]
+        return [*actions, SendModel(ev.learner, self.version, session=ev.session)]
 
-    def _rejoin(self, learner: int, t: float) -> list[Action]:
+    def _rejoin(self, learner: int, t: float, session: int = 0) -> list[Action]:
         """A learner resumed from its checkpoint (same incarnation): it pulls the current
         version, learns how its last push ended, and gets back, in lease order, the chunks
         still leased to it, which it regrants to itself (the ones it had leased after its
         checkpoint, or trained in a push that was dropped) before it asks for new ones."""
         member = self.members[learner]
         member.active = False
+        member.session = session  # a request of its sessions before is refused from now on
         # Its pushes the followers do not hold yet are lost (it trains them again); one
         # already with the followers is applied or rejected as usual. It pulls through this
         # SendModel, not through the round's pull notice.
@@ -744,6 +751,7 @@ class Leader:
             member.last_outcome,
             member.booked,
             self.steps_for(learner, now),
+            member.session,
         )
 
     def steps_for(self, learner: int, now: float) -> int:
@@ -955,7 +963,8 @@ class Leader:
         # Not booked: a push of an incarnation that never joined (``ghost``), one claiming
         # more than the job's geometry allows (``bounds``), or one of a member that must
         # pull first (``inactive``: maybe sent before a rejoin whose count did not hold
-        # it); its sender counts none of them (``UNBOOKED``).
+        # it), or one sent before its member's newest join (``session``: late, as that);
+        # its sender counts none of them (``UNBOOKED``).
         self.refused[kind] += 1
         if kind not in UNBOOKED:
             self._book(ev)
@@ -995,6 +1004,16 @@ class Leader:
                 ev,
                 "incarnation",
                 f"incarnation {meta.incarnation} is not the member's {member.incarnation}",
+            )
+        if ev.session and ev.session != member.session:
+            # Sent before the member's newest join and delivered after it (and after its
+            # pull): the rejoin settled it as not booked, and the learner trains its
+            # batches again. Not booked here either.
+            return self._refuse(
+                ev,
+                "session",
+                f"session {ev.session} is not the member's {member.session} (a request "
+                "sent before its rejoin)",
             )
         bad_time = not math.isfinite(meta.train_seconds) or meta.train_seconds < 0
         if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version or bad_time:

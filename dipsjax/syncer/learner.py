@@ -38,8 +38,10 @@ Faults:
   Another incarnation's ``Evict``, ``Refuse`` or ``Unused`` is not about this one.
 * ``Refuse`` by kind: ``stopped`` -> ``Exit(OK)``; ``unknown`` (not a member: evicted
   meanwhile) -> ``Exit(EVICTED)``; ``inactive`` (a restarted leader wants a pull first) ->
-  rejoin; ``pending`` (a retried request whose first copy was taken) -> wait for that
-  one's plan; ``incarnation``, ``invalid``, ``fingerprint`` -> ``Exit(REFUSED)``.
+  rejoin; ``session`` (the leader holds the member in a newer session than this
+  learner's: a join of its own that reached the leader late, say) -> rejoin; ``pending``
+  (a retried request whose first copy was taken) -> wait for that one's plan;
+  ``incarnation``, ``invalid``, ``fingerprint`` -> ``Exit(REFUSED)``.
 * A broken control stream (:meth:`on_leader_lost`): with checkpoints, rejoin as the same
   incarnation (``Join(resume=True)``) and, at the ``SendModel``, restore the newest
   checkpoint or, if the leader says its last push was ``lost``, the start of that round
@@ -86,6 +88,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import secrets
 from collections.abc import Callable, Iterable
 
 from dipsjax.syncer.messages import (
@@ -124,6 +127,13 @@ from dipsjax.syncer.messages import (
 SETTLED = frozenset({"applied", "rejected", "stale", "discarded", "lost", "nonfinite"})
 
 
+def session_base() -> int:
+    """A random base for a process's join sessions (:class:`LearnerProtocol`), in
+    ``[1, 2**61]``: the first 2**20 joins of two processes share a session with odds
+    below 2**-39."""
+    return secrets.randbelow(2**61) + 1
+
+
 def settle_word(round_id: int, last_round: int, last_outcome: str) -> str:
     """The outcome a rejoined learner settles its push of ``round_id`` by, from its
     ``SendModel``'s ``last_round`` / ``last_outcome`` (``dropped`` is ``discarded``; a push
@@ -134,8 +144,17 @@ def settle_word(round_id: int, last_round: int, last_outcome: str) -> str:
 
 # Refusals only a push gets (a join is refused as stopped, unknown, incarnation, fingerprint).
 PUSH_REFUSALS = frozenset(
-    {RefuseKind.INACTIVE, RefuseKind.PENDING, RefuseKind.INVALID, RefuseKind.BOUNDS}
+    {
+        RefuseKind.INACTIVE,
+        RefuseKind.PENDING,
+        RefuseKind.INVALID,
+        RefuseKind.BOUNDS,
+        RefuseKind.SESSION,
+    }
 )
+# Refusals of a push the leader wants this learner to rejoin for (it must pull first, or
+# it holds the member in another session than this learner's).
+REJOIN_REFUSALS = frozenset({RefuseKind.INACTIVE, RefuseKind.SESSION})
 
 
 class State(enum.StrEnum):
@@ -187,6 +206,9 @@ class LearnerProtocol:
         ``--resume``), any order.
       feedback: error feedback (EXTENSION): ``Settle`` each push by its outcome (see the
         module docstring).
+      session_base: its joins' sessions are ``session_base + 1``, ``+ 2``, ... A process
+        that may share its incarnation with an earlier one (restarted with ``--resume``)
+        draws it at random (:func:`session_base`), so that no two joins share a session.
     """
 
     def __init__(
@@ -199,6 +221,7 @@ class LearnerProtocol:
         checkpoints: bool = False,
         saved: Iterable[Checkpoint] = (),
         feedback: bool = False,
+        session_base: int = 0,
     ) -> None:
         self.learner = learner
         self.feedback = feedback
@@ -226,6 +249,9 @@ class LearnerProtocol:
         self.refused: collections.Counter[str] = collections.Counter()  # Refuse by kind
         self._started_round = -1  # the round whose start was checkpointed
         self.steps = 0  # inner steps of its rounds, the leader's word (0: the job's H)
+        self.session_base = session_base
+        self.joins = 0  # joins sent by this process
+        self.session = 0  # of its newest join (Join.session): tags its push requests
 
     # -- helpers -------------------------------------------------------------------
 
@@ -239,7 +265,9 @@ class LearnerProtocol:
         self.round_id = self.plan = self.inflight = self.held = None
         self.requesting = False
         self.notified.clear()
-        join = Join(now, self.learner, self.incarnation, resume, self.fingerprint)
+        self.joins += 1
+        self.session = self.session_base + self.joins
+        join = Join(now, self.learner, self.incarnation, resume, self.fingerprint, self.session)
         return [Send(join)]
 
     def _train(self, requested: tuple[Span, ...] | None = None) -> list[Command]:
@@ -271,9 +299,10 @@ class LearnerProtocol:
             # inner state has trained this round: it counts, and the next start is saved).
             self.requesting = True
             self.rounds += 1
-            return [*self._train(meta.spans), Send(PushRequested(now, self.learner, meta))]
+            request = PushRequested(now, self.learner, meta, self.session)
+            return [*self._train(meta.spans), Send(request)]
         self.state = State.REQUESTING
-        return [Send(PushRequested(now, self.learner, meta))]
+        return [Send(PushRequested(now, self.learner, meta, self.session))]
 
     def asking(self) -> bool:
         """A push request of this learner waits for its plan."""
@@ -309,6 +338,8 @@ class LearnerProtocol:
     def _on_SendModel(self, a: SendModel, now: float) -> list[Command]:
         if self.state is not State.JOINING:
             return []  # not asked for (a retried join's second answer)
+        if a.session and a.session != self.session:
+            return []  # an older join's (a broken stream's, or an older incarnation's)
         self.state = State.PULLING
         self._told_steps(a.steps)
         out: list[Command] = []
@@ -387,7 +418,7 @@ class LearnerProtocol:
             return self._exit(ExitCode.EVICTED, f"not a member: {a.reason}")
         if kind == RefuseKind.PENDING:
             return []  # a retried request: the first copy's plan comes
-        if kind == RefuseKind.INACTIVE and self.asking():
+        if kind in REJOIN_REFUSALS and self.asking():
             if not self.checkpoints:
                 return self._exit(ExitCode.EVICTED, f"must pull first: {a.reason}")
             return self._join(now, resume=True)

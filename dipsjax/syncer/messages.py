@@ -42,18 +42,20 @@ class RefuseKind(enum.StrEnum):
     FINGERPRINT = "fingerprint"  # a join with another model
     BOUNDS = "bounds"  # a push whose counts exceed what the job's geometry allows
     GHOST = "ghost"  # a push of an incarnation newer than any that joined (no process sent it)
+    SESSION = "session"  # a push sent before its member's newest join (a late request)
 
 
 #: Refusals whose push is not booked: no process of the job sent it (an incarnation that
-#: never joined), its counts are beyond what any learner of the job can train, or its
-#: member must pull first (``inactive``: the learner rejoins and trains those batches again
-#: from its checkpoint; a request that reaches the leader after that rejoin, late, is one
-#: the rejoin's ``SendModel.booked`` did not hold, so its learner never counts it); so no
-#: learner counts it either. Every other refused push is booked (reported and dropped), as
-#: its learner counts it: ``unknown`` too, a learner of the job the leader no longer has as
-#: a member (evicted, or forgotten by a restart); a learner id outside the job is refused
-#: before (``Leader.screen``) and never booked.
-UNBOOKED = frozenset({RefuseKind.GHOST, RefuseKind.BOUNDS, RefuseKind.INACTIVE})
+#: never joined), its counts are beyond what any learner of the job can train, its member
+#: must pull first (``inactive``: the learner rejoins and trains those batches again from
+#: its checkpoint; a request that reaches the leader after that rejoin, late, is one the
+#: rejoin's ``SendModel.booked`` did not hold, so its learner never counts it), or it was
+#: sent before its member's newest join (``session``: a late request, as before, that comes
+#: after the rejoin's pull too); so no learner counts it either. Every other refused push
+#: is booked (reported and dropped), as its learner counts it: ``unknown`` too, a learner
+#: of the job the leader no longer has as a member (evicted, or forgotten by a restart); a
+#: learner id outside the job is refused before (``Leader.screen``) and never booked.
+UNBOOKED = frozenset({RefuseKind.GHOST, RefuseKind.BOUNDS, RefuseKind.INACTIVE, RefuseKind.SESSION})
 
 
 class BadKind(enum.StrEnum):
@@ -130,12 +132,18 @@ class Action:
 class Join(Event):
     """A learner (re)starts. A higher ``incarnation`` than the leader knows ends the old one:
     its in-flight push is dropped and counted, its chunk leases are released, and the new
-    incarnation pulls one complete model before it trains."""
+    incarnation pulls one complete model before it trains.
+
+    ``session``: the session this join opens, chosen by the learner, never one an earlier
+    join of the same incarnation used (a process restarted with ``--resume`` draws its
+    numbers at random); its ``SendModel`` echoes it, and its push requests carry it
+    (``PushRequested.session``). 0: untagged (a client from before sessions)."""
 
     learner: int
     incarnation: int = 0
     resume: bool = False  # the same incarnation, back from its checkpoint (``--resume``)
     fingerprint: str = ""  # of its model (``dipsjax.runtime.client.model_fingerprint``)
+    session: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +215,15 @@ class PushMeta:
 
 @dataclasses.dataclass(frozen=True)
 class PushRequested(Event):
+    """A learner's push request. ``session``: that of the join its model came from
+    (``Join.session``): the leader refuses a request of another session than its member's
+    newest join (``RefuseKind.SESSION``, unbooked), one sent before a rejoin that reached
+    it late. 0: untagged, not checked (a request written by hand, or by a client from
+    before sessions)."""
+
     learner: int
     meta: PushMeta
+    session: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +337,9 @@ class SendModel(Action):
     :data:`UNBOOKED`; ``-1``: not said): the word on a
     push whose answer was lost, which a round id cannot give for one that waited.
     ``steps``: the inner steps its rounds train from now on (adaptive steps, EXTENSION:
-    :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``)."""
+    :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``).
+    ``session``: that of the join it answers (``Join.session``): a learner takes only the
+    model of its newest join (a stream that broke may deliver an older one's)."""
 
     learner: int
     version: int
@@ -331,6 +348,7 @@ class SendModel(Action):
     last_outcome: str = ""
     booked: int = -1
     steps: int = 0
+    session: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

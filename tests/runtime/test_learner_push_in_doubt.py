@@ -242,3 +242,30 @@ def test_a_push_request_that_reaches_the_leader_after_its_learners_rejoin_is_boo
     node.now, node.generation = (lambda: 0.0), 0
     assert LearnerNode._send(node, push) == []
     assert leader.ledger.reported.get(J, 0) == node.reported == 0
+
+
+def test_a_push_request_after_its_learners_rejoin_and_pull_is_booked_by_neither():
+    """As above, but the late request comes after the rejoin's pull too: the member is
+    active again, and the request was taken as a new push (booked: the leader's books held
+    one push more than the learner's, which settled it as not booked at its rejoin). It
+    carries its session (``SendModel.session`` of the join before), older than the
+    rejoin's (the learner numbers its joins): refused as ``session``, booked by neither
+    side."""
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    (first,) = leader.handle(m.Join(0.0, J, session=1))
+    leader.handle(m.PullDone(0.1, J, 0))
+    late = _Late()
+    node = _sending(_node(known_round=-1), late)
+    node.reported, node.booked_pushes = 0, 0
+    meta = m.PushMeta(tokens=2048, steps=4, base_version=0)
+    assert LearnerNode._send(node, m.PushRequested(0.5, J, meta, first.session)) == []
+    assert node.in_doubt == 2048
+    (send,) = leader.handle(m.Join(2.0, J, resume=True, session=2))
+    node._settle_in_doubt(send.last_round, send.booked)
+    assert node.reported == 0 and send.booked == 0
+    leader.handle(m.PullDone(2.1, J, 0))
+    (refuse,) = leader.handle(late.late[0])  # the late request, after the rejoin's pull
+    assert refuse.kind == m.RefuseKind.SESSION and (first.session, send.session) == (1, 2)
+    assert leader.ledger.reported.get(J, 0) == node.reported == 0
+    assert leader.members[J].booked == 0

@@ -26,10 +26,12 @@ def joined(proto, version=0, t=1.0):
 
 def test_a_round_is_join_pull_train_push_transfer_pull():
     p = LearnerProtocol(J, 2, fingerprint="fp")
-    assert p.start(0.0) == [m.Send(m.Join(0.0, J, 2, False, "fp"))]
+    assert p.start(0.0) == [m.Send(m.Join(0.0, J, 2, False, "fp", 1))]
     assert p.on_action(m.SendModel(J, 5), 1.0) == [m.Pull(5, first=True)]
     assert p.on_pulled(5, 2.0) == [m.Send(m.PullDone(2.0, J, 5, -1)), m.Train()]
-    assert p.on_trained(meta(2, base=5), 3.0) == [m.Send(m.PushRequested(3.0, J, meta(2, base=5)))]
+    assert p.on_trained(meta(2, base=5), 3.0) == [
+        m.Send(m.PushRequested(3.0, J, meta(2, base=5), 1))
+    ]
     assert p.state is State.REQUESTING
     assert p.on_action(plan(7), 3.1) == [m.Push(plan(7))]
     assert p.on_pushed(7, 4.0) == [m.Send(m.TransferDone(4.0, J, 7, 2))]
@@ -132,7 +134,7 @@ def test_inactive_push_rejoins_from_checkpoints_or_exits_without():
     joined(p)
     p.on_trained(meta(), 2.0)
     assert p.on_action(m.Refuse(J, "pull first", m.RefuseKind.INACTIVE, 0), 2.5) == [
-        m.Send(m.Join(2.5, J, 0, True, ""))
+        m.Send(m.Join(2.5, J, 0, True, "", 2))
     ]
     q = LearnerProtocol(J)
     joined(q)
@@ -165,7 +167,7 @@ def test_leader_lost_with_and_without_checkpoints():
     joined(p)
     p.on_trained(meta(1), 2.0)
     p.on_action(plan(0), 2.0)
-    assert p.on_leader_lost(3.0, stream=0) == [m.Send(m.Join(3.0, J, 1, True, ""))]
+    assert p.on_leader_lost(3.0, stream=0) == [m.Send(m.Join(3.0, J, 1, True, "", 2))]
     assert p.state is State.JOINING and p.stream == 1
     assert p.on_leader_lost(3.1, stream=0) == []  # the same broken stream, seen again
     # What the dead stream said no longer holds; a plan of the push in flight is stale.
@@ -185,7 +187,7 @@ def test_a_stop_seen_before_the_stream_broke_still_stops():
 def test_resume_restores_the_newest_checkpoint():
     saved = [Checkpoint(2, "start"), Checkpoint(3, "pushed", 4)]
     p = LearnerProtocol(J, checkpoints=True, saved=saved)
-    assert p.start(0.0, resume=True) == [m.Send(m.Join(0.0, J, 0, True, ""))]
+    assert p.start(0.0, resume=True) == [m.Send(m.Join(0.0, J, 0, True, "", 1))]
     send = m.SendModel(J, 9, leases=(11, 12), last_round=4, last_outcome="applied", booked=5)
     assert p.on_action(send, 1.0) == [
         m.Restore(3, (11, 12), 9, 4, "applied", 5),  # the leader's count goes to the driver
@@ -285,7 +287,7 @@ def test_overlap_holds_one_push_in_flight():
     # The next round starts at once; the request waits for its plan beside it.
     assert p.on_trained(meta(), 2.0) == [
         m.Train(adopt=True),
-        m.Send(m.PushRequested(2.0, J, meta())),
+        m.Send(m.PushRequested(2.0, J, meta(), 1)),
     ]
     assert p.state is State.TRAINING and p.requesting and p.rounds == 1
     assert p.on_action(plan(0), 2.2) == [m.Push(plan(0))]
@@ -297,7 +299,7 @@ def test_overlap_holds_one_push_in_flight():
     assert p.on_pulled(1, 4.0, background=True) == [
         m.Send(m.PullDone(4.0, J, 1)),
         m.Train(adopt=True),
-        m.Send(m.PushRequested(4.0, J, meta(tokens=7))),
+        m.Send(m.PushRequested(4.0, J, meta(tokens=7), 1)),
     ]
     assert p.on_action(plan(1), 4.1) == [m.Push(plan(1))]
     assert p.rounds == 2
@@ -311,7 +313,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
     assert p.on_trained(meta(), 2.0) == [
         m.Save("requested", -1, 0, 2),  # trained a round, its push waits for a plan
         m.Train(adopt=True),
-        m.Send(m.PushRequested(2.0, J, meta())),
+        m.Send(m.PushRequested(2.0, J, meta(), 1)),
     ]
     assert p.on_trained(meta(tokens=9), 3.0) == []
     assert p.state is State.HOLDING and p.held == meta(tokens=9) and p.rounds == 1
@@ -322,7 +324,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
         m.Send(m.PullDone(4.5, J, 1)),
         m.Save("requested", -1, 0, 4),
         m.Train(adopt=True),
-        m.Send(m.PushRequested(4.5, J, meta(tokens=9))),
+        m.Send(m.PushRequested(4.5, J, meta(tokens=9), 1)),
     ]
     assert p.rounds == 2 and p.requesting
 
@@ -331,7 +333,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
     ("kind", "expected"),
     [
         (m.RefuseKind.PENDING, []),
-        (m.RefuseKind.INACTIVE, [m.Send(m.Join(2.5, J, 0, True, ""))]),
+        (m.RefuseKind.INACTIVE, [m.Send(m.Join(2.5, J, 0, True, "", 2))]),
         (m.RefuseKind.INVALID, [m.Exit(m.ExitCode.REFUSED, "refused (invalid): no")]),
     ],
 )
@@ -395,7 +397,7 @@ def test_error_feedback_settles_each_push_by_the_word_it_gets():
     p.on_action(plan(3), 2.0)
     p.unsettled.insert(0, 2)  # (as if an older push had had no word)
     p.on_pushed(3, 2.5)
-    assert p.on_leader_lost(8.0) == [m.Send(m.Join(8.0, J, 0, True, ""))]
+    assert p.on_leader_lost(8.0) == [m.Send(m.Join(8.0, J, 0, True, "", 2))]
     send = m.SendModel(J, 4, last_round=3, last_outcome="dropped")
     assert p.on_action(send, 9.0) == [
         m.Restore(1, (), 4, 3, "dropped"),
@@ -427,7 +429,7 @@ def test_overlap_a_second_word_of_an_older_pull_does_not_request_a_held_round_tw
     p.on_trained(meta(tokens=5), 3.0)  # held: round 0's result not pulled
     p.on_action(m.NotifyPull(0, (J,), 1), 3.1)
     assert p.on_pulled(1, 3.2, background=True)[-1] == m.Send(
-        m.PushRequested(3.2, J, meta(tokens=5))
+        m.PushRequested(3.2, J, meta(tokens=5), 1)
     )
     p.on_trained(meta(tokens=6), 4.0)  # held behind the request that waits for its plan
     assert p.state is State.HOLDING and p.requesting and p.rounds == 2

@@ -25,7 +25,7 @@ NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0001))[0]  # pa
 
 # One instance of every class, with non-default values (and optional fields both set and None).
 EXAMPLES = [
-    m.Join(1.25, learner=3, incarnation=2, resume=True, fingerprint="0123abcd4567ef89"),
+    m.Join(1.25, learner=3, incarnation=2, resume=True, fingerprint="0123abcd4567ef89", session=21),
     m.Leave(2.5, learner=4),
     m.Heartbeat(3.0, learner=5),
     m.Tick(4.75),
@@ -43,6 +43,7 @@ EXAMPLES = [
             start_offset=4096,
             spans=(m.Span(11, 16, 32), m.Span(12, 0, 3)),
         ),
+        session=17,
     ),
     m.PushRequested(-0.0, learner=0, meta=m.PushMeta(tokens=-1, steps=-2, base_version=0)),
     m.TransferDone(6.0, learner=7, round_id=8, incarnation=3),
@@ -64,6 +65,7 @@ EXAMPLES = [
         last_outcome="dropped",
         booked=5,
         steps=24,
+        session=9,
     ),
     m.PushShards(
         round_id=13,

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Join(_message.Message):
-    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint")
+    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint", "session")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     incarnation: int
     resume: bool
     fingerprint: str
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    session: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Leave(_message.Message):
     __slots__ = ("t", "learner")
@@ -75,14 +77,16 @@ class Span(_message.Message):
     def __init__(self, chunk: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class PushRequested(_message.Message):
-    __slots__ = ("t", "learner", "meta")
+    __slots__ = ("t", "learner", "meta", "session")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     META_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     meta: PushMeta
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., meta: _Optional[_Union[PushMeta, _Mapping]] = ...) -> None: ...
+    session: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., meta: _Optional[_Union[PushMeta, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
 
 class TransferDone(_message.Message):
     __slots__ = ("t", "learner", "round_id", "incarnation")
@@ -197,7 +201,7 @@ class FollowerHeartbeat(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ...) -> None: ...
 
 class SendModel(_message.Message):
-    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked", "steps")
+    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked", "steps", "session")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +209,7 @@ class SendModel(_message.Message):
     LAST_OUTCOME_FIELD_NUMBER: _ClassVar[int]
     BOOKED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
     leases: _containers.RepeatedCompositeFieldContainer[Span]
@@ -212,7 +217,8 @@ class SendModel(_message.Message):
     last_outcome: str
     booked: int
     steps: int
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    session: int
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ..., steps: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")

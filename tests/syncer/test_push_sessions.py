@@ -1,0 +1,172 @@
+"""Sessions: a push request sent before its learner's rejoin and delivered after the
+rejoin *and* its pull (a paused leader takes its queued calls in any order) was taken as a
+new push, so the leader booked one push more than its learner, which had settled that
+request as not booked at its rejoin (``SendModel.booked``). Each join now opens a session
+(``SendModel.session``), the learner tags its requests with it, and the leader refuses a
+request of another session than its member's newest join, unbooked
+(``RefuseKind.SESSION``). The learner numbers its joins (``Join.session``); the model a
+join brings echoes it, and a learner takes only its newest join's model.
+
+Both sides here are the real cores: :class:`LearnerProtocol` writes every message the
+:class:`Leader` reads."""
+
+import pytest
+
+from dipsjax.syncer import Leader, LeaderConfig, NoGrace
+from dipsjax.syncer import messages as m
+from dipsjax.syncer.learner import LearnerProtocol, State, session_base
+
+J = 1
+
+
+def meta(tokens=2048, base=0):
+    return m.PushMeta(tokens=tokens, steps=4, base_version=base)
+
+
+def sent(commands, kind):
+    """The one message of type ``kind`` among ``commands``' ``Send`` s."""
+    (event,) = [c.event for c in commands if isinstance(c, m.Send) and isinstance(c.event, kind)]
+    return event
+
+
+def plans(actions):
+    """How many plans (``PushShards``) ``actions`` hold."""
+    return sum(isinstance(a, m.PushShards) for a in actions)
+
+
+def deliver(leader, proto, commands, stream=None):
+    """Every ``Send`` of ``commands`` to the leader, and every action for the learner
+    back to it; returns the learner's commands that came of them."""
+    out = []
+    for c in commands:
+        if isinstance(c, m.Send):
+            for a in leader.handle(c.event):
+                out += proto.on_action(a, c.event.t, stream)
+    return out
+
+
+def training(leader, proto, t=0.0):
+    """The learner joined, pulled and trains; returns its pull's commands."""
+    (send,) = leader.handle(sent(proto.start(t), m.Join))
+    pull = proto.on_action(send, t)
+    assert pull == [m.Pull(0, first=True)]
+    cmds = proto.on_pulled(send.version, t + 0.1)
+    deliver(leader, proto, cmds)
+    assert proto.state is State.TRAINING and leader.members[J].active
+    return cmds
+
+
+def job():
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    return leader, LearnerProtocol(J, checkpoints=True)
+
+
+def rejoined(leader, proto, t):
+    """The control stream broke: the learner rejoins (resume), takes its model and
+    pulls it. Returns the rejoin's ``SendModel``."""
+    join = sent(proto.on_leader_lost(t, stream=0), m.Join)
+    (send,) = leader.handle(join)
+    cmds = proto.on_action(send, t + 0.1, stream=1)
+    assert cmds[-1] == m.Pull(send.version, first=False)
+    deliver(leader, proto, proto.on_pulled(send.version, t + 0.2), stream=1)
+    return send
+
+
+def test_a_request_delivered_after_its_learners_rejoin_and_pull_is_booked_by_neither():
+    leader, proto = job()
+    training(leader, proto)
+    late = sent(proto.on_trained(meta(), 1.0), m.PushRequested)  # its call fails: in doubt
+    send = rejoined(leader, proto, 2.0)
+    # The rejoin's word: no push of the incarnation booked; the learner counts none.
+    assert send.booked == 0 and leader.members[J].active
+    assert late.session == 1 and send.session == 2 == leader.members[J].session == proto.session
+    (refuse,) = leader.handle(late)  # the request in doubt, late
+    assert refuse.kind == m.RefuseKind.SESSION and refuse.incarnation == 0
+    assert "session 1 is not the member's 2" in refuse.reason
+    # Counted independently: the leader's ledger and the member's count against the
+    # learner's word (0 booked): nothing booked, nothing dropped, no round opened.
+    assert leader.ledger.reported.get(J, 0) == 0 and leader.ledger.totals()["dropped"] == 0
+    assert leader.members[J].booked == 0 and leader.round is None and not leader.waiting
+    assert leader.refused["session"] == 1
+    # The learner's own push of its new session is taken, booked once.
+    again = sent(proto.on_trained(meta(base=send.version), 3.0), m.PushRequested)
+    assert again.session == 2
+    assert plans(leader.handle(again)) == 1 and leader.members[J].booked == 1
+    assert leader.ledger.reported[J] == 2048
+
+
+def test_a_request_of_the_current_session_is_taken_and_an_untagged_one_is_not_checked():
+    leader, proto = job()
+    training(leader, proto)
+    request = sent(proto.on_trained(meta(), 1.0), m.PushRequested)
+    assert request.session == leader.members[J].session == 1
+    assert plans(leader.handle(request)) == 1
+    # A request with no session (written by hand, or by an older client) is not checked.
+    other = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    other.handle(m.FollowerJoined(0.0, 0, 0))
+    other.handle(m.Join(0.0, J))
+    other.handle(m.Join(0.5, J, resume=True, session=2))
+    other.handle(m.PullDone(0.6, J, 0))
+    assert plans(other.handle(m.PushRequested(1.0, J, meta()))) == 1
+
+
+def test_the_members_session_survives_a_snapshot_and_a_snapshot_from_before_has_none():
+    leader, proto = job()
+    training(leader, proto)
+    late = sent(proto.on_trained(meta(), 1.0), m.PushRequested)
+    back = Leader.restore(leader.snapshot())
+    assert back.members[J].session == 1
+    back.resume(2.0)
+    send = rejoined(back, proto, 2.5)
+    assert send.session == 2 and back.members[J].active
+    (refuse,) = back.handle(late)
+    assert refuse.kind == m.RefuseKind.SESSION
+    assert back.ledger.reported.get(J, 0) == 0 and back.members[J].booked == 0
+    state = leader.snapshot()
+    for _, member in state["members"]:
+        del member["session"]
+    assert Leader.restore(state).members[J].session == 0
+
+
+def test_a_learner_takes_only_its_newest_joins_model():
+    """A stream that broke after the leader answered a rejoin delivers that answer on the
+    next stream, beside the next rejoin's: the learner takes its newest join's model only
+    (it once took the first, and its pushes would be refused for their session). An
+    older incarnation's model (a restart the leader heard of late) is not its either."""
+    p = LearnerProtocol(J, checkpoints=True, session_base=100)
+    assert sent(p.start(0.0), m.Join).session == 101
+    p.on_action(m.SendModel(J, 0, session=101), 0.1)
+    p.on_pulled(0, 0.2)
+    assert sent(p.on_leader_lost(1.0, stream=0), m.Join).session == 102
+    assert sent(p.on_leader_lost(1.5, stream=1), m.Join).session == 103
+    assert p.on_action(m.SendModel(J, 0, session=102), 2.0, stream=2) == []
+    assert p.state is State.JOINING
+    assert p.on_action(m.SendModel(J, 0, session=103), 2.0, stream=2)[-1] == m.Pull(0)
+    # A model of no session (a leader from before sessions) is taken.
+    q = LearnerProtocol(J)
+    q.start(0.0)
+    assert q.on_action(m.SendModel(J, 0), 0.1) == [m.Pull(0, first=True)]
+
+
+def test_session_bases_are_drawn_at_random():
+    bases = {session_base() for _ in range(64)}
+    assert len(bases) == 64 and all(1 <= b <= 2**61 for b in bases)
+
+
+@pytest.mark.parametrize("checkpoints", [True, False])
+def test_a_learner_refused_for_its_session_rejoins_or_exits_without_checkpoints(checkpoints):
+    """The leader holds the member in a newer session than the learner's (a join of its
+    own reached the leader late): its push is refused, and it rejoins, as for
+    ``inactive``; without checkpoints it cannot, and exits evicted."""
+    p = LearnerProtocol(J, checkpoints=checkpoints)
+    p.start(0.0)
+    p.on_action(m.SendModel(J, 0, session=1), 0.1)
+    p.on_pulled(0, 0.2)
+    assert sent(p.on_trained(meta(), 1.0), m.PushRequested).session == 1
+    refuse = m.Refuse(J, "older session", m.RefuseKind.SESSION, 0)
+    if checkpoints:
+        assert p.on_action(refuse, 1.5) == [m.Send(m.Join(1.5, J, 0, True, "", 2))]
+    else:
+        [c] = p.on_action(refuse, 1.5)
+        assert c.code == m.ExitCode.EVICTED

@@ -28,9 +28,9 @@ before it trains). A ``Join`` with a higher incarnation ends the old incarnation
 in-flight push dropped and counted, its chunk leases released). A learner silent for
 ``missed_heartbeats`` intervals is evicted without stopping anyone. Each join, and each
 rejoin, opens a *session* (``Join.session``, the learner's number, echoed by its
-``SendModel``); the learner tags its push requests with it, and a request of another
-session than its member's newest (sent before a rejoin, delivered after it) is refused
-unbooked (``session``).
+``SendModel``); the learner tags its push requests with it, a rejoin names the session it
+ends (``Join.ends``), and a request of an ended session (sent before the rejoin,
+delivered after it) is refused unbooked (``session``).
 
 Data: with a chunk ledger (``Leader(data=...)``) learners lease chunks with
 ``ChunkRequested``; pushes complete the chunks they finished; evictions and restarts release
@@ -119,6 +119,8 @@ REFERENCES = ("start", "server")
 SPEED_EMA = 0.5
 #: Adaptive steps: a report counts at most this many times off its learner's estimate.
 SPEED_JUMP = 2.0
+#: Sessions: how many ended sessions a member keeps (a request of an older one is taken).
+ENDED_SESSIONS = 16
 
 # ----------------------------------------------------------------------------- config
 
@@ -389,6 +391,7 @@ class Member:
     lead_seconds: float = 0.0
     notified: float = -1.0
     session: int = 0  # of its newest join (Join.session; 0: untagged, or from before)
+    ended: list[int] = dataclasses.field(default_factory=list)  # sessions its rejoins ended
 
     @property
     def step_seconds(self) -> float:
@@ -685,7 +688,7 @@ class Leader:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)
                 if ev.resume:
-                    return self._rejoin(ev.learner, ev.t, ev.session)
+                    return self._rejoin(ev.learner, ev.t, ev.session, ev.ends)
                 return []  # a retried join: nothing new
             # A restart before eviction: the new incarnation ends the old one.
             actions += self._remove(ev.learner, ev.t, "restarted")
@@ -696,14 +699,16 @@ class Leader:
         self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
         return [*actions, SendModel(ev.learner, self.version, session=ev.session)]
 
-    def _rejoin(self, learner: int, t: float, session: int = 0) -> list[Action]:
+    def _rejoin(self, learner: int, t: float, session: int = 0, ends: int = 0) -> list[Action]:
         """A learner resumed from its checkpoint (same incarnation): it pulls the current
         version, learns how its last push ended, and gets back, in lease order, the chunks
         still leased to it, which it regrants to itself (the ones it had leased after its
         checkpoint, or trained in a push that was dropped) before it asks for new ones."""
         member = self.members[learner]
         member.active = False
-        member.session = session  # a request of its sessions before is refused from now on
+        member.session = session
+        if ends and ends not in member.ended:  # its requests are refused from now on
+            member.ended = [*member.ended, ends][-ENDED_SESSIONS:]
         # Its pushes the followers do not hold yet are lost (it trains them again); one
         # already with the followers is applied or rejected as usual. It pulls through this
         # SendModel, not through the round's pull notice.
@@ -963,7 +968,7 @@ class Leader:
         # Not booked: a push of an incarnation that never joined (``ghost``), one claiming
         # more than the job's geometry allows (``bounds``), or one of a member that must
         # pull first (``inactive``: maybe sent before a rejoin whose count did not hold
-        # it), or one sent before its member's newest join (``session``: late, as that);
+        # it), or one of a session a rejoin ended (``session``: late, as that);
         # its sender counts none of them (``UNBOOKED``).
         self.refused[kind] += 1
         if kind not in UNBOOKED:
@@ -1005,15 +1010,14 @@ class Leader:
                 "incarnation",
                 f"incarnation {meta.incarnation} is not the member's {member.incarnation}",
             )
-        if ev.session and ev.session != member.session:
-            # Sent before the member's newest join and delivered after it (and after its
-            # pull): the rejoin settled it as not booked, and the learner trains its
-            # batches again. Not booked here either.
+        if ev.session and ev.session in member.ended:
+            # Sent before a rejoin that ended its session and delivered after it (and
+            # after its pull): the rejoin settled it as not booked, and the learner trains
+            # its batches again. Not booked here either.
             return self._refuse(
                 ev,
                 "session",
-                f"session {ev.session} is not the member's {member.session} (a request "
-                "sent before its rejoin)",
+                f"session {ev.session} was ended by a rejoin (a request sent before it)",
             )
         bad_time = not math.isfinite(meta.train_seconds) or meta.train_seconds < 0
         if meta.tokens < 0 or meta.steps < 0 or meta.base_version > self.version or bad_time:

@@ -38,15 +38,19 @@ Faults:
   Another incarnation's ``Evict``, ``Refuse`` or ``Unused`` is not about this one.
 * ``Refuse`` by kind: ``stopped`` -> ``Exit(OK)``; ``unknown`` (not a member: evicted
   meanwhile) -> ``Exit(EVICTED)``; ``inactive`` (a restarted leader wants a pull first) ->
-  rejoin; ``session`` (the leader holds the member in a newer session than this
-  learner's: a join of its own that reached the leader late, say) -> rejoin; ``pending``
-  (a retried request whose first copy was taken) -> wait for that one's plan;
-  ``incarnation``, ``invalid``, ``fingerprint`` -> ``Exit(REFUSED)``.
+  rejoin; ``session`` (of a session a rejoin ended; never the one in progress, as only
+  this learner ends its sessions) -> rejoin; ``pending`` (a retried request whose first
+  copy was taken) -> wait for that one's plan; ``incarnation``, ``invalid``,
+  ``fingerprint`` -> ``Exit(REFUSED)``.
 * A broken control stream (:meth:`on_leader_lost`): with checkpoints, rejoin as the same
   incarnation (``Join(resume=True)``) and, at the ``SendModel``, restore the newest
   checkpoint or, if the leader says its last push was ``lost``, the start of that round
   (:meth:`restore_step`); without checkpoints ``Exit(EVICTED)``. Actions of an older
-  stream are dropped (but a ``Stop`` still stops).
+  stream are dropped (but a ``Stop`` still stops, and a ``SendModel`` answering one of its
+  joins since its last model is taken). Each join opens a session (``Join.session``), a
+  rejoin ends the one of its newest model (``Join.ends``), and push requests carry the
+  session of the model they were trained from: the leader refuses one of an ended
+  session, sent before a rejoin and delivered after it.
 * A failed push (:meth:`on_pushed` with ``failed``): a replay refusal (the round ended
   without it) or a follower of its plan down -> wait for the round's pull (the leader
   discards or finishes that round); every follower of its plan up -> its link is down:
@@ -153,7 +157,7 @@ PUSH_REFUSALS = frozenset(
     }
 )
 # Refusals of a push the leader wants this learner to rejoin for (it must pull first, or
-# it holds the member in another session than this learner's).
+# it says a rejoin ended the session of the push).
 REJOIN_REFUSALS = frozenset({RefuseKind.INACTIVE, RefuseKind.SESSION})
 
 
@@ -251,7 +255,8 @@ class LearnerProtocol:
         self.steps = 0  # inner steps of its rounds, the leader's word (0: the job's H)
         self.session_base = session_base
         self.joins = 0  # joins sent by this process
-        self.session = 0  # of its newest join (Join.session): tags its push requests
+        self.session = 0  # of the join its newest model came from: tags its push requests
+        self.asked: set[int] = set()  # sessions of its joins since that model
 
     # -- helpers -------------------------------------------------------------------
 
@@ -266,8 +271,11 @@ class LearnerProtocol:
         self.requesting = False
         self.notified.clear()
         self.joins += 1
-        self.session = self.session_base + self.joins
-        join = Join(now, self.learner, self.incarnation, resume, self.fingerprint, self.session)
+        session = self.session_base + self.joins
+        self.asked.add(session)
+        join = Join(
+            now, self.learner, self.incarnation, resume, self.fingerprint, session, self.session
+        )
         return [Send(join)]
 
     def _train(self, requested: tuple[Span, ...] | None = None) -> list[Command]:
@@ -328,8 +336,9 @@ class LearnerProtocol:
         if isinstance(action, Stop):
             self.stopped = action.reason
             return self._exit(ExitCode.OK, f"the job stopped: {action.reason}")
-        if stream is not None and stream != self.stream:
-            return []  # what an older stream said no longer holds
+        answers = isinstance(action, SendModel) and action.session in self.asked
+        if stream is not None and stream != self.stream and not answers:
+            return []  # what an older stream said no longer holds (but a join's answer)
         if isinstance(action, Evict | Refuse | Unused) and action.incarnation != self.incarnation:
             return []  # about another incarnation's request
         handler = getattr(self, f"_on_{type(action).__name__}", None)
@@ -338,8 +347,11 @@ class LearnerProtocol:
     def _on_SendModel(self, a: SendModel, now: float) -> list[Command]:
         if self.state is not State.JOINING:
             return []  # not asked for (a retried join's second answer)
-        if a.session and a.session != self.session:
-            return []  # an older join's (a broken stream's, or an older incarnation's)
+        if a.session and a.session not in self.asked:
+            return []  # not its joins' (another incarnation's, say)
+        # Any of its joins since its last model (the leader may take them in any order):
+        # its requests carry that session, taken until a rejoin of its own ends it.
+        self.session, self.asked = a.session, set()
         self.state = State.PULLING
         self._told_steps(a.steps)
         out: list[Command] = []

@@ -42,7 +42,7 @@ class RefuseKind(enum.StrEnum):
     FINGERPRINT = "fingerprint"  # a join with another model
     BOUNDS = "bounds"  # a push whose counts exceed what the job's geometry allows
     GHOST = "ghost"  # a push of an incarnation newer than any that joined (no process sent it)
-    SESSION = "session"  # a push sent before its member's newest join (a late request)
+    SESSION = "session"  # a push of a session a rejoin of its learner ended (a late request)
 
 
 #: Refusals whose push is not booked: no process of the job sent it (an incarnation that
@@ -50,8 +50,8 @@ class RefuseKind(enum.StrEnum):
 #: must pull first (``inactive``: the learner rejoins and trains those batches again from
 #: its checkpoint; a request that reaches the leader after that rejoin, late, is one the
 #: rejoin's ``SendModel.booked`` did not hold, so its learner never counts it), or it was
-#: sent before its member's newest join (``session``: a late request, as before, that comes
-#: after the rejoin's pull too); so no learner counts it either. Every other refused push
+#: sent in a session a rejoin of its learner ended (``session``: a late request, as before,
+#: that comes after the rejoin's pull too); so no learner counts it either. Every other refused push
 #: is booked (reported and dropped), as its learner counts it: ``unknown`` too, a learner
 #: of the job the leader no longer has as a member (evicted, or forgotten by a restart); a
 #: learner id outside the job is refused before (``Leader.screen``) and never booked.
@@ -136,14 +136,18 @@ class Join(Event):
 
     ``session``: the session this join opens, chosen by the learner, never one an earlier
     join of the same incarnation used (a process restarted with ``--resume`` draws its
-    numbers at random); its ``SendModel`` echoes it, and its push requests carry it
-    (``PushRequested.session``). 0: untagged (a client from before sessions)."""
+    numbers at random); its ``SendModel`` echoes it, and the push requests sent with that
+    model carry it (``PushRequested.session``). ``ends``: the session a rejoin ends, that
+    of the learner's newest model (0: none): the leader refuses a push request of an ended
+    session from then on (one sent before the rejoin, delivered after it). 0: untagged (a
+    client from before sessions)."""
 
     learner: int
     incarnation: int = 0
     resume: bool = False  # the same incarnation, back from its checkpoint (``--resume``)
     fingerprint: str = ""  # of its model (``dipsjax.runtime.client.model_fingerprint``)
     session: int = 0
+    ends: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,10 +220,10 @@ class PushMeta:
 @dataclasses.dataclass(frozen=True)
 class PushRequested(Event):
     """A learner's push request. ``session``: that of the join its model came from
-    (``Join.session``): the leader refuses a request of another session than its member's
-    newest join (``RefuseKind.SESSION``, unbooked), one sent before a rejoin that reached
-    it late. 0: untagged, not checked (a request written by hand, or by a client from
-    before sessions)."""
+    (``Join.session``): the leader refuses a request of a session a rejoin of its learner
+    ended (``Join.ends``; ``RefuseKind.SESSION``, unbooked), one sent before that rejoin
+    that reached it late. 0: untagged, not checked (a request written by hand, or by a
+    client from before sessions)."""
 
     learner: int
     meta: PushMeta
@@ -338,8 +342,8 @@ class SendModel(Action):
     push whose answer was lost, which a round id cannot give for one that waited.
     ``steps``: the inner steps its rounds train from now on (adaptive steps, EXTENSION:
     :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``).
-    ``session``: that of the join it answers (``Join.session``): a learner takes only the
-    model of its newest join (a stream that broke may deliver an older one's)."""
+    ``session``: that of the join it answers (``Join.session``): a learner takes only a
+    model of a join it sent since its last model (from whichever stream brings it)."""
 
     learner: int
     version: int

@@ -261,7 +261,7 @@ def test_a_push_request_after_its_learners_rejoin_and_pull_is_booked_by_neither(
     meta = m.PushMeta(tokens=2048, steps=4, base_version=0)
     assert LearnerNode._send(node, m.PushRequested(0.5, J, meta, first.session)) == []
     assert node.in_doubt == 2048
-    (send,) = leader.handle(m.Join(2.0, J, resume=True, session=2))
+    (send,) = leader.handle(m.Join(2.0, J, resume=True, session=2, ends=1))
     node._settle_in_doubt(send.last_round, send.booked)
     assert node.reported == 0 and send.booked == 0
     leader.handle(m.PullDone(2.1, J, 0))

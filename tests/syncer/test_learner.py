@@ -29,9 +29,7 @@ def test_a_round_is_join_pull_train_push_transfer_pull():
     assert p.start(0.0) == [m.Send(m.Join(0.0, J, 2, False, "fp", 1))]
     assert p.on_action(m.SendModel(J, 5), 1.0) == [m.Pull(5, first=True)]
     assert p.on_pulled(5, 2.0) == [m.Send(m.PullDone(2.0, J, 5, -1)), m.Train()]
-    assert p.on_trained(meta(2, base=5), 3.0) == [
-        m.Send(m.PushRequested(3.0, J, meta(2, base=5), 1))
-    ]
+    assert p.on_trained(meta(2, base=5), 3.0) == [m.Send(m.PushRequested(3.0, J, meta(2, base=5)))]
     assert p.state is State.REQUESTING
     assert p.on_action(plan(7), 3.1) == [m.Push(plan(7))]
     assert p.on_pushed(7, 4.0) == [m.Send(m.TransferDone(4.0, J, 7, 2))]
@@ -287,7 +285,7 @@ def test_overlap_holds_one_push_in_flight():
     # The next round starts at once; the request waits for its plan beside it.
     assert p.on_trained(meta(), 2.0) == [
         m.Train(adopt=True),
-        m.Send(m.PushRequested(2.0, J, meta(), 1)),
+        m.Send(m.PushRequested(2.0, J, meta())),
     ]
     assert p.state is State.TRAINING and p.requesting and p.rounds == 1
     assert p.on_action(plan(0), 2.2) == [m.Push(plan(0))]
@@ -299,7 +297,7 @@ def test_overlap_holds_one_push_in_flight():
     assert p.on_pulled(1, 4.0, background=True) == [
         m.Send(m.PullDone(4.0, J, 1)),
         m.Train(adopt=True),
-        m.Send(m.PushRequested(4.0, J, meta(tokens=7), 1)),
+        m.Send(m.PushRequested(4.0, J, meta(tokens=7))),
     ]
     assert p.on_action(plan(1), 4.1) == [m.Push(plan(1))]
     assert p.rounds == 2
@@ -313,7 +311,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
     assert p.on_trained(meta(), 2.0) == [
         m.Save("requested", -1, 0, 2),  # trained a round, its push waits for a plan
         m.Train(adopt=True),
-        m.Send(m.PushRequested(2.0, J, meta(), 1)),
+        m.Send(m.PushRequested(2.0, J, meta())),
     ]
     assert p.on_trained(meta(tokens=9), 3.0) == []
     assert p.state is State.HOLDING and p.held == meta(tokens=9) and p.rounds == 1
@@ -324,7 +322,7 @@ def test_overlap_holds_a_round_trained_while_its_request_still_waits_for_a_plan(
         m.Send(m.PullDone(4.5, J, 1)),
         m.Save("requested", -1, 0, 4),
         m.Train(adopt=True),
-        m.Send(m.PushRequested(4.5, J, meta(tokens=9), 1)),
+        m.Send(m.PushRequested(4.5, J, meta(tokens=9))),
     ]
     assert p.rounds == 2 and p.requesting
 
@@ -429,7 +427,7 @@ def test_overlap_a_second_word_of_an_older_pull_does_not_request_a_held_round_tw
     p.on_trained(meta(tokens=5), 3.0)  # held: round 0's result not pulled
     p.on_action(m.NotifyPull(0, (J,), 1), 3.1)
     assert p.on_pulled(1, 3.2, background=True)[-1] == m.Send(
-        m.PushRequested(3.2, J, meta(tokens=5), 1)
+        m.PushRequested(3.2, J, meta(tokens=5))
     )
     p.on_trained(meta(tokens=6), 4.0)  # held behind the request that waits for its plan
     assert p.state is State.HOLDING and p.requesting and p.rounds == 2

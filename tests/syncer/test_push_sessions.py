@@ -3,9 +3,9 @@ rejoin *and* its pull (a paused leader takes its queued calls in any order) was 
 new push, so the leader booked one push more than its learner, which had settled that
 request as not booked at its rejoin (``SendModel.booked``). Each join now opens a session
 (``SendModel.session``), the learner tags its requests with it, and the leader refuses a
-request of another session than its member's newest join, unbooked
-(``RefuseKind.SESSION``). The learner numbers its joins (``Join.session``); the model a
-join brings echoes it, and a learner takes only its newest join's model.
+request of a session a rejoin ended, unbooked (``RefuseKind.SESSION``). The learner
+numbers its joins (``Join.session``), a rejoin names the session it ends (``Join.ends``,
+that of the learner's newest model), and the model a join brings echoes its session.
 
 Both sides here are the real cores: :class:`LearnerProtocol` writes every message the
 :class:`Leader` reads."""
@@ -81,9 +81,10 @@ def test_a_request_delivered_after_its_learners_rejoin_and_pull_is_booked_by_nei
     # The rejoin's word: no push of the incarnation booked; the learner counts none.
     assert send.booked == 0 and leader.members[J].active
     assert late.session == 1 and send.session == 2 == leader.members[J].session == proto.session
+    assert leader.members[J].ended == [1]
     (refuse,) = leader.handle(late)  # the request in doubt, late
     assert refuse.kind == m.RefuseKind.SESSION and refuse.incarnation == 0
-    assert "session 1 is not the member's 2" in refuse.reason
+    assert "session 1 was ended by a rejoin" in refuse.reason
     # Counted independently: the leader's ledger and the member's count against the
     # learner's word (0 booked): nothing booked, nothing dropped, no round opened.
     assert leader.ledger.reported.get(J, 0) == 0 and leader.ledger.totals()["dropped"] == 0
@@ -116,7 +117,7 @@ def test_the_members_session_survives_a_snapshot_and_a_snapshot_from_before_has_
     training(leader, proto)
     late = sent(proto.on_trained(meta(), 1.0), m.PushRequested)
     back = Leader.restore(leader.snapshot())
-    assert back.members[J].session == 1
+    assert back.members[J].session == 1 and back.members[J].ended == []
     back.resume(2.0)
     send = rejoined(back, proto, 2.5)
     assert send.session == 2 and back.members[J].active
@@ -125,28 +126,63 @@ def test_the_members_session_survives_a_snapshot_and_a_snapshot_from_before_has_
     assert back.ledger.reported.get(J, 0) == 0 and back.members[J].booked == 0
     state = leader.snapshot()
     for _, member in state["members"]:
-        del member["session"]
-    assert Leader.restore(state).members[J].session == 0
+        del member["session"], member["ended"]
+    old = Leader.restore(state).members[J]
+    assert old.session == 0 and old.ended == []
 
 
-def test_a_learner_takes_only_its_newest_joins_model():
-    """A stream that broke after the leader answered a rejoin delivers that answer on the
-    next stream, beside the next rejoin's: the learner takes its newest join's model only
-    (it once took the first, and its pushes would be refused for their session). An
-    older incarnation's model (a restart the leader heard of late) is not its either."""
+def test_a_learner_takes_a_model_of_any_of_its_joins_since_its_last_one():
+    """A learner whose rejoin's call failed rejoins again; the leader may take the two
+    joins in either order (a paused leader takes its queued calls in any order), and
+    answers on whichever stream the learner watches then. The learner takes a model of
+    any of its joins since its last model, from any stream, and tags its requests with
+    that one's session; not another incarnation's (a restart the leader heard of late)."""
     p = LearnerProtocol(J, checkpoints=True, session_base=100)
     assert sent(p.start(0.0), m.Join).session == 101
     p.on_action(m.SendModel(J, 0, session=101), 0.1)
     p.on_pulled(0, 0.2)
-    assert sent(p.on_leader_lost(1.0, stream=0), m.Join).session == 102
-    assert sent(p.on_leader_lost(1.5, stream=1), m.Join).session == 103
-    assert p.on_action(m.SendModel(J, 0, session=102), 2.0, stream=2) == []
-    assert p.state is State.JOINING
-    assert p.on_action(m.SendModel(J, 0, session=103), 2.0, stream=2)[-1] == m.Pull(0)
-    # A model of no session (a leader from before sessions) is taken.
+    first = sent(p.on_leader_lost(1.0, stream=0), m.Join)
+    second = sent(p.on_leader_lost(1.5, stream=1), m.Join)
+    assert (first.session, first.ends, second.session, second.ends) == (102, 101, 103, 101)
+    assert p.on_action(m.SendModel(J, 0, session=7), 2.0, stream=2) == []  # not its join's
+    assert p.on_action(m.SendModel(J, 0, session=102), 2.0, stream=1)[-1] == m.Pull(0)
+    assert p.session == 102 and p.asked == set()
+    assert p.on_action(m.SendModel(J, 0, session=103), 2.1, stream=2) == []  # has its model
+    # A model of no session (a leader from before sessions) is taken; requests go untagged.
     q = LearnerProtocol(J)
     q.start(0.0)
     assert q.on_action(m.SendModel(J, 0), 0.1) == [m.Pull(0, first=True)]
+    assert q.session == 0
+
+
+@pytest.mark.parametrize("order", ["in order", "reversed"])
+def test_two_rejoins_taken_in_either_order_end_the_old_session_and_the_learner_goes_on(order):
+    """A review found that a leader taking a learner's two rejoins in reverse order during
+    an outer step answered with the older one's model, which the learner (waiting for its
+    newest) ignored: it waited in its join forever. Now it takes it, its push is taken,
+    and the request in doubt of the session both rejoins ended is refused."""
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    proto = LearnerProtocol(J, checkpoints=True)
+    training(leader, proto)
+    late = sent(proto.on_trained(meta(), 1.0), m.PushRequested)
+    joins = [
+        sent(proto.on_leader_lost(2.0, stream=0), m.Join),
+        sent(proto.on_leader_lost(2.5, stream=1), m.Join),
+    ]
+    if order == "reversed":
+        joins.reverse()
+    models = [a for j in joins for a in leader.handle(j) if isinstance(a, m.SendModel)]
+    assert [s.session for s in models] == [j.session for j in joins]
+    taken = [c for s in models for c in proto.on_action(s, 3.0, stream=2)]
+    assert taken[-1] == m.Pull(0) and proto.session == joins[0].session
+    deliver(leader, proto, proto.on_pulled(0, 3.1), stream=2)
+    assert leader.members[J].active and leader.members[J].ended == [1]
+    (refuse,) = leader.handle(late)
+    assert refuse.kind == m.RefuseKind.SESSION
+    request = sent(proto.on_trained(meta(), 4.0), m.PushRequested)
+    assert plans(leader.handle(request)) == 1 and leader.members[J].booked == 1
+    assert leader.ledger.reported[J] == 2048
 
 
 def test_session_bases_are_drawn_at_random():
@@ -156,9 +192,8 @@ def test_session_bases_are_drawn_at_random():
 
 @pytest.mark.parametrize("checkpoints", [True, False])
 def test_a_learner_refused_for_its_session_rejoins_or_exits_without_checkpoints(checkpoints):
-    """The leader holds the member in a newer session than the learner's (a join of its
-    own reached the leader late): its push is refused, and it rejoins, as for
-    ``inactive``; without checkpoints it cannot, and exits evicted."""
+    """A push refused for its session (the leader says a rejoin ended it): the learner
+    rejoins, as for ``inactive``; without checkpoints it cannot, and exits evicted."""
     p = LearnerProtocol(J, checkpoints=checkpoints)
     p.start(0.0)
     p.on_action(m.SendModel(J, 0, session=1), 0.1)
@@ -166,7 +201,37 @@ def test_a_learner_refused_for_its_session_rejoins_or_exits_without_checkpoints(
     assert sent(p.on_trained(meta(), 1.0), m.PushRequested).session == 1
     refuse = m.Refuse(J, "older session", m.RefuseKind.SESSION, 0)
     if checkpoints:
-        assert p.on_action(refuse, 1.5) == [m.Send(m.Join(1.5, J, 0, True, "", 2))]
+        assert p.on_action(refuse, 1.5) == [m.Send(m.Join(1.5, J, 0, True, "", 2, 1))]
     else:
         [c] = p.on_action(refuse, 1.5)
         assert c.code == m.ExitCode.EVICTED
+
+
+def test_two_rejoins_reversed_during_an_outer_step_get_the_learner_its_model():
+    """The review's case: the round is applied when both rejoins arrive, reversed; the
+    leader answers once, after the step, with the model of the join it took last (the
+    older). A learner that waited for its newest join's model ignored it and waited
+    forever; now it takes it and pushes again."""
+    leader = Leader(LeaderConfig(penalty=False, num_followers=1), NoGrace())
+    leader.handle(m.FollowerJoined(0.0, 0, 0))
+    proto = LearnerProtocol(J, checkpoints=True)
+    training(leader, proto)
+    (shards, *_) = leader.handle(sent(proto.on_trained(meta(), 1.0), m.PushRequested))
+    proto.on_action(shards, 1.0)
+    deliver(leader, proto, proto.on_pushed(shards.round_id, 1.1))
+    rnd = leader.round
+    leader.handle(m.FollowerNorms(1.2, 0, rnd.round_id, (1.0,)))
+    leader.handle(m.FollowerMerged(1.3, 0, rnd.round_id, 1.0))
+    assert leader.phase.value == "apply"
+    joins = [
+        sent(proto.on_leader_lost(2.0, stream=0), m.Join),
+        sent(proto.on_leader_lost(2.5, stream=1), m.Join),
+    ]
+    assert leader.handle(joins[1]) == [] and leader.handle(joins[0]) == []
+    acts = leader.handle(m.FollowerApplied(3.0, 0, rnd.round_id, 1))
+    (model,) = [a for a in acts if isinstance(a, m.SendModel)]
+    assert model.session == joins[0].session  # the older join's, taken last
+    assert proto.on_action(model, 3.1, stream=2)[-1] == m.Pull(1)
+    deliver(leader, proto, proto.on_pulled(1, 3.2), stream=2)
+    request = sent(proto.on_trained(meta(base=1), 4.0), m.PushRequested)
+    assert plans(leader.handle(request)) == 1 and leader.members[J].booked == 2

@@ -25,7 +25,15 @@ NEG_NAN = struct.unpack("<d", struct.pack("<Q", 0xFFF8_0000_0000_0001))[0]  # pa
 
 # One instance of every class, with non-default values (and optional fields both set and None).
 EXAMPLES = [
-    m.Join(1.25, learner=3, incarnation=2, resume=True, fingerprint="0123abcd4567ef89", session=21),
+    m.Join(
+        1.25,
+        learner=3,
+        incarnation=2,
+        resume=True,
+        fingerprint="0123abcd4567ef89",
+        session=21,
+        ends=20,
+    ),
     m.Leave(2.5, learner=4),
     m.Heartbeat(3.0, learner=5),
     m.Tick(4.75),

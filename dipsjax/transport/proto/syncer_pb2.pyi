@@ -7,20 +7,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Join(_message.Message):
-    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint", "session")
+    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint", "session", "ends")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    ENDS_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     incarnation: int
     resume: bool
     fingerprint: str
     session: int
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ..., session: _Optional[int] = ...) -> None: ...
+    ends: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ..., session: _Optional[int] = ..., ends: _Optional[int] = ...) -> None: ...
 
 class Leave(_message.Message):
     __slots__ = ("t", "learner")

@@ -177,10 +177,16 @@ class StandIn:
                 out += p.on_action(reply, time.monotonic())
             return out
         if isinstance(c, m.Train):
-            time.sleep(train_seconds + c.wait)
+            # The leader's count (adaptive steps, EXTENSION), else the job's H; a round's
+            # time and reported time scale with it (1 s an H when none is slept).
             sim = self.spec.sim
-            tokens = sim.inner_steps * self.spec.batch_tokens
-            meta = m.PushMeta(tokens, sim.inner_steps, self.version, train_seconds=1.0)
+            steps = c.steps or sim.inner_steps
+            share = steps / sim.inner_steps
+            time.sleep(train_seconds * share + c.wait)
+            tokens = steps * self.spec.batch_tokens
+            meta = m.PushMeta(
+                tokens, steps, self.version, train_seconds=(train_seconds or 1.0) * share
+            )
             return p.on_trained(meta, time.monotonic())
         if isinstance(c, m.Push):
             self.push(c.plan)

@@ -392,6 +392,7 @@ class Member:
     notified: float = -1.0
     session: int = 0  # of its newest join (Join.session; 0: untagged, or from before)
     ended: list[int] = dataclasses.field(default_factory=list)  # sessions its rejoins ended
+    pushed: int = 0  # the session of its newest push request taken (0: none)
 
     @property
     def step_seconds(self) -> float:
@@ -705,6 +706,11 @@ class Leader:
         still leased to it, which it regrants to itself (the ones it had leased after its
         checkpoint, or trained in a push that was dropped) before it asks for new ones."""
         member = self.members[learner]
+        # A process restarted from its checkpoint knows no session of its own: its first
+        # rejoin ends the member's (that of the newest join taken, its last process's).
+        ends = ends or member.session
+        if self._stale_rejoin(member, ends):
+            return []
         member.active = False
         member.session = session
         if ends and ends not in member.ended:  # its requests are refused from now on
@@ -733,6 +739,20 @@ class Leader:
                 rnd.awaiting.append(learner)
             return []
         return [self._send_model(learner, t)]
+
+    @staticmethod
+    def _stale_rejoin(member: Member, ends: int) -> bool:
+        """Whether a rejoin that ends session ``ends`` was sent before its learner took a
+        newer model (it reached the leader late, a paused leader taking its queued calls
+        in any order): a newer session was ended since, or a push request of a session
+        not ended was taken (the learner's sessions end in order, each by the join whose
+        model it takes next, so that one is the session it holds). Its answer would be
+        useless, and taking it would make a member that trains inactive; it is ignored."""
+        if not ends or ends not in member.ended:
+            return False
+        return ends != member.ended[-1] or (
+            member.pushed != 0 and member.pushed not in member.ended
+        )
 
     def _send_model(self, learner: int, now: float) -> SendModel:
         """A rejoined learner's model: the current version, how its last push ended, and
@@ -1026,6 +1046,7 @@ class Leader:
             return self._refuse(ev, "pending", "a push of this learner is already pending")
         self._seen(ev.learner, ev.t)
         self._book(ev)
+        member.pushed = ev.session
         self.grace.observe_push(ev.learner, ev.t, train_seconds=meta.train_seconds)
         self._observe_speed(member, meta, ev.t)
         push = Push(ev.learner, meta, ev.t)

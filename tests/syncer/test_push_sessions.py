@@ -235,3 +235,65 @@ def test_two_rejoins_reversed_during_an_outer_step_get_the_learner_its_model():
     deliver(leader, proto, proto.on_pulled(1, 3.2), stream=2)
     request = sent(proto.on_trained(meta(base=1), 4.0), m.PushRequested)
     assert plans(leader.handle(request)) == 1 and leader.members[J].booked == 2
+
+
+def _applying(leader, proto, t):
+    """The learner's push is in the outer step (APPLY); returns the round."""
+    (shards, *_) = leader.handle(sent(proto.on_trained(meta(), t), m.PushRequested))
+    proto.on_action(shards, t, stream=proto.stream)
+    deliver(leader, proto, proto.on_pushed(shards.round_id, t + 0.1), stream=proto.stream)
+    rnd = leader.round
+    leader.handle(m.FollowerNorms(t + 0.2, 0, rnd.round_id, (1.0,)))
+    leader.handle(m.FollowerMerged(t + 0.3, 0, rnd.round_id, 1.0))
+    assert leader.phase.value == "apply"
+    return rnd
+
+
+@pytest.mark.parametrize("where", ["ended since", "pushed since"])
+def test_a_rejoin_sent_before_a_newer_model_was_taken_is_ignored(where):
+    """The second review's case: a rejoin (J2) stays queued at a paused leader while
+    another (J3) is taken and the learner goes on with J3's model. Taken late, J2 made the
+    member inactive and answered with its own model, which the learner ignores: during an
+    outer step that answer was the only one (``ended since``: the learner had rejoined
+    again, J4), or the learner waited for a pull notice that left it out (``pushed
+    since``). A rejoin that ends a session older than the newest ended, or than the one
+    the learner pushed in since, is now ignored."""
+    leader, proto = job()
+    training(leader, proto)
+    j2 = sent(proto.on_leader_lost(1.0, stream=0), m.Join)  # queued at the paused leader
+    j3 = sent(proto.on_leader_lost(1.5, stream=1), m.Join)
+    (send3,) = leader.handle(j3)
+    proto.on_action(send3, 2.0, stream=2)
+    deliver(leader, proto, proto.on_pulled(0, 2.1), stream=2)
+    rnd = _applying(leader, proto, 3.0)
+    if where == "ended since":
+        j4 = sent(proto.on_leader_lost(3.5, stream=2), m.Join)
+        assert j4.ends == j3.session and leader.handle(j4) == []  # answered after the step
+    assert leader.handle(j2) == []  # late, and ignored
+    assert leader.members[J].session == (j4.session if where == "ended since" else j3.session)
+    acts = leader.handle(m.FollowerApplied(4.0, 0, rnd.round_id, 1))
+    if where == "ended since":
+        (model,) = [a for a in acts if isinstance(a, m.SendModel)]
+        assert model.session == j4.session
+        assert proto.on_action(model, 4.1, stream=3)[-1] == m.Pull(1)
+    else:
+        (notice,) = [a for a in acts if isinstance(a, m.NotifyPull)]
+        assert J in notice.learners and proto.on_action(notice, 4.1, stream=2) == [m.Pull(1)]
+
+
+def test_a_process_restarted_from_its_checkpoint_ends_its_last_processs_session():
+    """A process restarted with ``--resume`` knows no session of its own (its numbers are
+    drawn afresh): its first rejoin ends the member's, so the last process's request in
+    doubt, delivered after that rejoin and its pull, is refused too."""
+    leader, proto = job()
+    training(leader, proto)
+    late = sent(proto.on_trained(meta(), 1.0), m.PushRequested)  # then the process dies
+    again = LearnerProtocol(J, checkpoints=True, session_base=1000)
+    join = sent(again.start(2.0, resume=True), m.Join)
+    assert (join.session, join.ends) == (1001, 0)
+    (send,) = leader.handle(join)
+    assert leader.members[J].ended == [late.session] and send.session == 1001
+    again.on_action(send, 2.1)
+    deliver(leader, again, again.on_pulled(send.version, 2.2))
+    (refuse,) = leader.handle(late)
+    assert refuse.kind == m.RefuseKind.SESSION and leader.ledger.reported.get(J, 0) == 0

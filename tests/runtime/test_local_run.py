@@ -159,8 +159,13 @@ def _assert_watched(spec, console, version):
     # The console: each learner's phase, compiling first, then training.
     lines = [x.split(" | ")[1] for x in console.splitlines() if " | learners: " in x]
     compiling = [i for i, x in enumerate(lines) if " compiling" in x]
-    training = [i for i, x in enumerate(lines) if " training" in x]
-    assert compiling and training and compiling[0] < training[-1], console[-3000:]
+    # After compiling, the protocol's phases. Which of them a line shows depends on when
+    # the console sampled (a tiny round trains in less than its second), so any of them
+    # counts; that the learners trained is in their logs, checked above.
+    protocol = progress.PHASES[progress.PHASES.index("joining") : progress.PHASES.index("exited")]
+    shown = [set(re.findall(r"\d+ ([a-z ]+?)(?:,|$)", x.removeprefix("learners: "))) for x in lines]
+    later = [i for i, names in enumerate(shown) if names & set(protocol)]
+    assert compiling and later and compiling[0] < later[-1], console[-3000:]
     assert progress.read_phases(run_dir, spec.sim.learners)[0]["phase"] == "exited"
     # The evaluator (at the lowest CPU priority) reported the initialization (or, had it
     # no CPU until a version was saved, that version), then what versions it could as they

@@ -10,6 +10,8 @@ figure                        a against b                                 goal
 ``sync_vs_dp_m4_half_h``     the same at H/2, twice the rounds (equal    gap <= 4%
                               tokens)
 ``..._half_h_outer_0.3``      the same, outer 0.3 / 0.8 (tuned at H/2)    gap <= 4%
+``..._twice_rounds``          the same at H, twice the rounds (twice the  gap <= 4%
+                              tokens)
 ``sync_vs_dp_m1``             the same at M=1                             gap <= 1%
 ``dips_vs_sync_eta100``       Di-PS vs synchronous DiLoCo, eta 100        gap <= 1%, sooner
 ``dips_grace7_vs_sync_eta100`` the same, Di-PS with a fixed 7 s grace      gap <= 1%, sooner
@@ -44,8 +46,8 @@ H inner steps) and each method's defaults, for ``--rounds`` rounds' worth of tok
 format and runner: a second call runs only what is missing, and the ladder's own runs with
 the same settings are reused when ``--out`` is the ladder's directory).
 
-Run: ``.venv/bin/python benchmarks/quality.py --out runs/quality`` (84 runs, about 105 minutes on
-two cores); ``--tiny`` for the form the tests run (2 rounds, H=2, one seed).
+Run: ``.venv/bin/python benchmarks/quality.py --out runs/quality`` (102 runs, about 2 hours
+15 minutes on two cores); ``--tiny`` for the form the tests run (2 rounds, H=2, one seed).
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ def comparisons(args: argparse.Namespace) -> dict[str, tuple[list[dict], list[di
                 h=max(1, h // 2),
                 r=r * h // max(1, h // 2),
             ),
+            dict(max_gap=0.04),
+        ),
+        # the same H in twice the rounds (twice the tokens): the gap shrinks as training
+        # goes on
+        "sync_vs_dp_m4_twice_rounds": (
+            *pair(dict(label="sync_diloco", m=m, eta=0.0), dict(label="dp", m=m, eta=0.0), r=2 * r),
             dict(max_gap=0.04),
         ),
         "sync_vs_dp_m1": (

@@ -38,8 +38,9 @@ class SimConfig:
     ``inner_schedule`` (``constant``, ``cosine`` or ``linear`` decay over
     ``inner_decay_steps``) after ``inner_warmup`` linear warmup steps, decoupled weight decay
     ``inner_weight_decay`` on matrices, global-norm clipping at ``inner_clip`` (``None``:
-    off). The schedule counts the learner's own inner steps across rounds (its AdamW state,
-    and so its step count, is kept across pulls, as DiLoCo does).
+    off), moment decay rates ``inner_b1`` / ``inner_b2`` and epsilon ``inner_eps``. The
+    schedule counts the learner's own inner steps across rounds (its AdamW state, and so
+    its step count, is kept across pulls, as DiLoCo does).
 
     Outer optimizer: the method's chain ends in the papers' Nesterov SGD (``outer_lr``,
     ``outer_momentum``; ``None``, the default: the method's own,
@@ -133,6 +134,9 @@ class SimConfig:
     inner_decay_steps: int = 0
     inner_weight_decay: float = 0.0
     inner_clip: float | None = 1.0
+    inner_b1: float = 0.9
+    inner_b2: float = 0.95
+    inner_eps: float = 1e-8
     outer_optimizer: str = ""
     outer_lr: float | None = None
     outer_momentum: float | None = None
@@ -339,6 +343,9 @@ class SimConfig:
                 decay_steps=self.inner_decay_steps,
                 weight_decay=self.inner_weight_decay,
                 clip_norm=self.inner_clip,
+                b1=self.inner_b1,
+                b2=self.inner_b2,
+                eps=self.inner_eps,
             )
         except ValueError as e:
             raise ValueError(f"SimConfig inner optimizer: {e}") from None

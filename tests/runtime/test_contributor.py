@@ -16,7 +16,7 @@ from dipsjax.sim.config import SimConfig
 
 
 def _sim(**kw):
-    return SimConfig(method="dips", learners=2, followers=2, **kw)
+    return SimConfig(**{"method": "dips", "learners": 2, "followers": 2, **kw})
 
 
 def test_bad_counts_are_refused_before_anything_is_sent(tmp_path):
@@ -224,7 +224,10 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
     from dipsjax.launch.run import final_params
     from dipsjax.syncer.tape import EventTape
 
-    sim = _sim(token_budget=2 * 16 * 512 * 4)
+    # Synchronous rounds: each waits for both learners, so the user's loop contributes to
+    # every one of the 4 rounds however late its thread starts (under Di-PS, learner 0
+    # could push most of the budget before it: once, under load).
+    sim = _sim(token_budget=2 * 16 * 512 * 4, method="sync_diloco")
     run, spec, summary, out = _job(tmp_path, sim)
     # The launcher started learner 0 alone (no process, no log for learner 1).
     assert set(summary["pids"]) == {"leader", "follower0", "follower1", "learner0"}

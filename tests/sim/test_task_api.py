@@ -232,3 +232,33 @@ def test_what_a_task_s_own_figures_get_wrong_is_named(tmp_path, monkeypatch, bro
             data=lambda: None,
             eval_metrics="accuracy",
         )
+
+
+def test_the_config_s_adam_betas_and_epsilon_reach_the_inner_optimizer():
+    """``inner_b1`` / ``inner_b2`` / ``inner_eps``: the learners' AdamW takes the config's,
+    step for step the same as optax's own ``adamw`` with them (no clip, no decay)."""
+    from dipsjax.learner.step import make_inner_optimizer
+
+    cfg = SimConfig(inner_b1=0.8, inner_b2=0.99, inner_eps=1e-6, inner_clip=None)
+    ours = make_inner_optimizer(cfg.inner_optimizer())
+    theirs = optax.adamw(cfg.inner_lr, b1=0.8, b2=0.99, eps=1e-6, weight_decay=0.0)
+    default = make_inner_optimizer(SimConfig(inner_clip=None).inner_optimizer())
+    params = {"w": np.ones((3, 2), np.float32)}
+    grads = [{"w": np.full((3, 2), g, np.float32)} for g in (0.5, -2.0, 1e-4)]
+    outs = []
+    for tx in (ours, theirs, default):
+        p, state = params, tx.init(params)
+        for g in grads:
+            u, state = tx.update(g, state, p)
+            p = optax.apply_updates(p, u)
+        outs.append(np.asarray(p["w"]))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6)
+    assert not np.allclose(outs[0], outs[2], rtol=1e-4)  # the defaults (0.9, 0.95) differ
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("inner_b2", 1.0), ("inner_b1", -0.1), ("inner_eps", 0.0)]
+)
+def test_bad_adam_settings_are_refused_with_the_field_named(field, value):
+    with pytest.raises(ValueError, match=f"{field.removeprefix('inner_')} must be"):
+        SimConfig(**{field: value})

@@ -6,12 +6,13 @@ seeds) and, where the goal says "sooner", the ratio of simulated wall times.
 ============================  ==========================================  ================
 figure                        a against b                                 goal
 ============================  ==========================================  ================
-``sync_vs_dp_m4``             synchronous DiLoCo vs tuned DP, M=4         gap <= 4%
+``sync_vs_dp_m4``             synchronous DiLoCo vs tuned DP, M=4 (DP's   gap <= 4%
+                              AdamW b2 at 0.999, its best)
+``sync_vs_dp_m4_twice_...``   the same at H, twice the rounds (twice the  gap <= 4%
+                              tokens)
 ``sync_vs_dp_m4_half_h``     the same at H/2, twice the rounds (equal    gap <= 4%
                               tokens)
 ``..._half_h_outer_0.3``      the same, outer 0.3 / 0.8 (tuned at H/2)    gap <= 4%
-``..._twice_rounds``          the same at H, twice the rounds (twice the  gap <= 4%
-                              tokens)
 ``sync_vs_dp_m1``             the same at M=1                             gap <= 1%
 ``dips_vs_sync_eta100``       Di-PS vs synchronous DiLoCo, eta 100        gap <= 1%, sooner
 ``dips_grace7_vs_sync_eta100`` the same, Di-PS with a fixed 7 s grace      gap <= 1%, sooner

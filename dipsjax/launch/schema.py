@@ -76,13 +76,11 @@ def Int(lo: int, hi: int) -> Rule:
     return Rule(f"an integer in [{lo}, {hi}]", lambda v: _is_int(v) and lo <= v <= hi)
 
 
-def Real(lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> Rule:
-    left, right = "(" if open_lo else "[", ")" if open_hi else "]"
+def Real(lo: float, hi: float, *, open_lo: bool = False) -> Rule:
+    left = "(" if open_lo else "["
     return Rule(
-        f"a finite number in {left}{lo:g}, {hi:g}{right}",
-        lambda v: (
-            _is_real(v) and (lo < v if open_lo else lo <= v) and (v < hi if open_hi else v <= hi)
-        ),
+        f"a finite number in {left}{lo:g}, {hi:g}]",
+        lambda v: _is_real(v) and (lo < v if open_lo else lo <= v) and v <= hi,
     )
 
 
@@ -181,9 +179,10 @@ SIM: dict[str, Rule] = {
     "inner_decay_steps": Int(0, 10**9),
     "inner_weight_decay": Real(0, 10),
     "inner_clip": Optional(Real(0, 1e9, open_lo=True)),
-    "inner_b1": Real(0, 1, open_hi=True),
-    "inner_b2": Real(0, 1, open_hi=True),
-    "inner_eps": Real(0, 1, open_lo=True),
+    # below 1 by more than float32 rounds away (1 - b2 ** t must stay above 0)
+    "inner_b1": Real(0, 0.999999),
+    "inner_b2": Real(0, 0.999999),
+    "inner_eps": Real(1e-30, 1),  # a float32 normal number (0 would divide 0 by 0)
     "outer_optimizer": FUNCTION,
     "learners": Int(1, MAX_LEARNERS),
     "followers": Int(1, MAX_FOLLOWERS),

@@ -124,7 +124,13 @@ def _user_loop(spec, out, hook=None):
         )
         # The job's inner optimizer settings, written by hand (clipped AdamW).
         tx = optax.chain(
-            optax.clip_by_global_norm(1.0), optax.adamw(spec.sim.inner_lr, b1=0.9, b2=0.95)
+            optax.clip_by_global_norm(1.0),
+            optax.adamw(
+                spec.sim.inner_lr,
+                b1=spec.sim.inner_b1,
+                b2=spec.sim.inner_b2,
+                eps=spec.sim.inner_eps,
+            ),
         )
 
         def loss_fn(params, batch):
@@ -224,9 +230,9 @@ def test_a_users_own_loop_contributes_beside_a_built_in_learner(tmp_path):
     from dipsjax.launch.run import final_params
     from dipsjax.syncer.tape import EventTape
 
-    # Synchronous rounds: each waits for both learners, so the user's loop contributes to
-    # every one of the 4 rounds however late its thread starts (under Di-PS, learner 0
-    # could push most of the budget before it: once, under load).
+    # Synchronous rounds: once the user's loop has joined, every round waits for it, and
+    # learner 0 alone would need all 8 pushes of the budget (under Di-PS it could push
+    # most of them before the user's loop came: once, under load).
     sim = _sim(token_budget=2 * 16 * 512 * 4, method="sync_diloco")
     run, spec, summary, out = _job(tmp_path, sim)
     # The launcher started learner 0 alone (no process, no log for learner 1).

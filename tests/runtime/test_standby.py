@@ -98,6 +98,10 @@ def test_a_paused_leader_woken_after_the_takeover_changes_nothing(tmp_path):
     os.kill(old, signal.SIGSTOP)
     try:
         _wait(lambda: lease.newest_epoch(run) == 2, "the standby's takeover", launcher, 30)
+        # The takeover moved the old leader's folder away; the new leader writes its
+        # status a moment later (read at once, the file was missing: a flake).
+        status = run / "leader" / "status.json"
+        _wait(status.exists, "the new leader's status", launcher, 30)
         v = _status(run)["version"]
         _wait(lambda: _status(run)["version"] >= v + 2, "two rounds at epoch 2", launcher, 90)
         tape_before = (run / "tape.jsonl").read_bytes()

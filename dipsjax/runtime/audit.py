@@ -63,11 +63,15 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
     twice = len(used) - len(set(used))
     lost = len(done - set(used))
     books = json.loads((run / "leader" / "status.json").read_text())["tokens"]
-    reported = 0
+    reported = doubt = 0
     for j in range(learners):
         path = run / f"learner{j}" / "reported.json"
         if path.exists():
-            reported += json.loads(path.read_text())["tokens"]
+            record = json.loads(path.read_text())
+            reported += record["tokens"]
+            # A push request written down whose answer never was, and no later process
+            # of its learner settled (a learner killed at the end): what may explain a gap.
+            doubt += record.get("doubt", 0) + ((record.get("asks") or [0, 0, 0])[2])
     unbooked = abs(reported - books["reported"])
     unsettled = abs(books["reported"] - books["applied"] - books["rejected"] - books["dropped"])
     # Followers: each ended at the leader's last version, and applied versions in order (a
@@ -93,6 +97,7 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
     return {
         **counts,
         "problems": problems,
+        "tokens_in_doubt": doubt,
         "applied": len(applied),
         "tokens": books,
         "tape": tape,

@@ -79,6 +79,7 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -168,6 +169,52 @@ def _learning_rate(learner: Any, step: int) -> float | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Books:
+    """A learner's side of the token books, as ``RUN_DIR/learner{j}/reported.json`` holds
+    them across its processes (written whole, by rename, at each change):
+
+    ``tokens``: of every push the leader booked (its answer came back, or the leader's
+    word later said so), over all incarnations (what ``runtime.audit`` balances against
+    the leader's ledger); ``booked``: how many of its own incarnation's pushes this
+    process knows were booked; ``doubt``: the tokens of a push request written down
+    before it was sent, whose answer is not (0: none); ``asks``: ``(incarnation, booked,
+    doubt)`` of an earlier incarnation that died with a push in doubt, until the leader's
+    word on it (``Join.asks``) comes."""
+
+    tokens: int = 0
+    booked: int = 0
+    doubt: int = 0
+    asks: tuple[int, int, int] | None = None
+
+
+def write_books(path: Path, incarnation: int, books: Books) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = dataclasses.asdict(books)
+    write_json(path, {**d, "incarnation": incarnation, "asks": books.asks and list(books.asks)})
+
+
+def read_books(path: Path, incarnation: int, resume: bool) -> Books:
+    """The books a learner process of ``incarnation`` starts from (``path``: its
+    ``reported.json``). The same incarnation (``resume``) goes on with them, its push in
+    doubt included (its rejoin settles it); a later one keeps only the tokens, and asks
+    about its predecessor's push in doubt (or passes on the question its predecessor had
+    not had answered). A first process (incarnation 0, not resumed) starts from none."""
+    if not (resume or incarnation > 0) or not path.exists():
+        return Books()
+    d = json.loads(path.read_text())
+    tokens, was = int(d["tokens"]), d.get("incarnation")
+    asks = tuple(d["asks"]) if d.get("asks") else None
+    if was is None:  # written before the record held more than the tokens
+        return Books(tokens)
+    if was == incarnation:
+        return Books(tokens, int(d["booked"]), int(d["doubt"]), asks)
+    if was > incarnation:  # not this process's line of incarnations: its tokens only
+        log.warning("%s is incarnation %d's, newer than this one (%d)", path, was, incarnation)
+        return Books(tokens)
+    return Books(tokens, asks=(was, int(d["booked"]), int(d["doubt"])) if d["doubt"] else asks)
+
+
 def partition_mesh() -> Any:
     """The partition's mesh over the ``DIPSJAX_PARTITION_DEVICES`` devices the launcher
     gave it (``Requirements.cpu_devices`` or its accelerators), shaped ``(data, fsdp,
@@ -251,6 +298,21 @@ class LearnerNode:
         self.saver = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"ckpt{j}")
         self.saving: concurrent.futures.Future | None = None  # the newest checkpoint's write
         self.save_error: BaseException | None = None  # the first write that failed
+        # Tokens of every push the leader took (its reply came back), across restarts: the
+        # learner's side of the token balance, never rolled back with a checkpoint; and
+        # the push request written down, its answer not (see ``read_books``).
+        self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
+        books = read_books(self.reported_path, incarnation, resume)
+        # A push request whose answer never came (the leader died, or was deposed, after
+        # it may have written the push down): its tokens, until the leader's word says
+        # whether it was booked: its plan (a round newer than any this process knows of its
+        # pushes: one push is in flight at a time), or a rejoin's ``SendModel.booked``, the
+        # leader's count of this incarnation's pushes it booked, against this process's own
+        # count of the ones it knows were (``booked_pushes``). An earlier incarnation's
+        # (``asks``) is settled by the leader's word on that incarnation (``Reckon``).
+        self.reported, self.booked_pushes, self.in_doubt = books.tokens, books.booked, books.doubt
+        self.asks = books.asks
+        self.known_round = -1
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
             j,
@@ -261,6 +323,7 @@ class LearnerNode:
             saved=self._saved() if resume else (),
             feedback=bool(cfg.error_feedback),
             session_base=session_base(),
+            asks=None if self.asks is None else self.asks[0],
         )
         # Error feedback (EXTENSION): the residual and the pushes not settled yet. In memory
         # only: a process that ends takes it along (see the module docstring).
@@ -309,23 +372,7 @@ class LearnerNode:
         self.lost_since: float | None = None  # the leader unreachable since (monotonic)
         self.patience = 120.0  # seconds to wait for a lost leader to come back
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
-        # Tokens of every push the leader took (its reply came back), across restarts: the
-        # learner's side of the token balance. Never rolled back with a checkpoint.
-        self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
-        # A push request whose answer never came (the leader died, or was deposed, after
-        # it may have written the push down): its tokens, until the leader's word says
-        # whether it was booked: its plan (a round newer than any this process knows of its
-        # pushes: one push is in flight at a time), or a rejoin's ``SendModel.booked``, the
-        # leader's count of this incarnation's pushes it booked, against this process's own
-        # count of the ones it knows were (``booked_pushes``).
-        self.in_doubt = 0
-        self.known_round = -1
-        self.booked_pushes = 0
-        self.reported = (
-            json.loads(self.reported_path.read_text())["tokens"]
-            if (resume or incarnation > 0) and self.reported_path.exists()
-            else 0
-        )
+        self._write_reported()  # its books as it starts (an earlier one's question kept)
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
 
     def make_compute(self) -> tuple[Compute, dict]:
@@ -450,6 +497,8 @@ class LearnerNode:
         if isinstance(c, m.Restore):
             self._settle_in_doubt(c.last_round, c.booked)
             return self._on_worker(self.restore, c)
+        if isinstance(c, m.Reckon):
+            return self._reckon(c)
         if isinstance(c, m.Settle):
             assert self.feedback is not None, "Settle without error feedback"
             self.feedback.settle(c.round_id, c.outcome)
@@ -478,16 +527,20 @@ class LearnerNode:
                 return []
         if self.terminating:
             return []  # SIGTERM: no more calls (the control channel is being closed)
+        pushing = isinstance(event, m.PushRequested)
+        if pushing:  # written down before it is sent: a kill from here on leaves it in doubt
+            self.in_doubt = event.meta.tokens
+            self._write_reported()
         try:
             replies = self.control.call(event)
         except (grpc.RpcError, ValueError) as e:
-            if isinstance(event, m.PushRequested):
-                self.in_doubt = event.meta.tokens
-            return self._call_failed(e, type(event).__name__)
+            return self._call_failed(e, type(event).__name__)  # a push stays in doubt
         self.lost_since = None
-        if isinstance(event, m.PushRequested) and booked(replies, self.control.refused):
-            self.reported += event.meta.tokens  # the leader has it (refused ones too)
-            self.booked_pushes += 1
+        if pushing:
+            if booked(replies, self.control.refused):
+                self.reported += event.meta.tokens  # the leader has it (refused ones too)
+                self.booked_pushes += 1
+            self.in_doubt = 0
             self._write_reported()
         out: list[m.Command] = []
         for a in replies:  # a refused join is answered to its caller
@@ -688,6 +741,44 @@ class LearnerNode:
         self.known_round = max(self.known_round, last_round)
         if booked >= 0:
             self.booked_pushes = booked
+        self._write_reported()
+
+    def _reckon(self, c: m.Reckon) -> list[m.Command]:
+        """The leader's word on an earlier incarnation's push in doubt (``asks``: its
+        incarnation, its pushes its record knew were booked, the tokens in doubt): booked
+        if the leader booked more of that incarnation's pushes than the record knew of."""
+        if self.asks is None:
+            return []
+        incarnation, known, tokens = self.asks
+        if c.incarnation != incarnation:
+            log.error("the leader's word is on incarnation %d, not %d", c.incarnation, incarnation)
+        elif c.booked is None:
+            log.warning(
+                "the leader does not know how many pushes of incarnation %d it booked: its "
+                "push in doubt (%d tokens) is not counted",
+                incarnation,
+                tokens,
+            )
+        elif c.booked > known:
+            if c.booked > known + 1:
+                log.error(
+                    "the leader booked %d pushes of incarnation %d; its record knew of %d and "
+                    "one in doubt: counted that one",
+                    c.booked,
+                    incarnation,
+                    known,
+                )
+            log.info(
+                "incarnation %d's push in doubt was booked (the leader booked %d of its "
+                "pushes, its record knew of %d): counted",
+                incarnation,
+                c.booked,
+                known,
+            )
+            self.reported += tokens
+        self.asks = None
+        self._write_reported()
+        return []
 
     def _count_in_doubt(self, why: str) -> None:
         log.info("a push request whose answer was lost was booked (%s): counted", why)
@@ -1025,7 +1116,8 @@ class LearnerNode:
 
     def _write_reported(self) -> None:
         self.reported_path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(self.reported_path, {"tokens": self.reported})  # a stop leaves a whole file
+        books = Books(self.reported, self.booked_pushes, self.in_doubt, self.asks)
+        write_books(self.reported_path, self.incarnation, books)  # a stop leaves a whole file
         self.write_stats()  # so a learner killed hard still leaves its count in its stats
 
     def write_stats(self) -> None:

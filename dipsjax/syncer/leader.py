@@ -121,6 +121,10 @@ SPEED_EMA = 0.5
 SPEED_JUMP = 2.0
 #: Sessions: how many ended sessions a member keeps (a request of an older one is taken).
 ENDED_SESSIONS = 16
+#: Incarnations that left, per learner, whose count of pushes booked the leader keeps
+#: (``Leader.left``): the word a later incarnation asks for (``Join.asks``) about a push
+#: its predecessor wrote down and died before it knew the answer of.
+LEFT = 8
 
 # ----------------------------------------------------------------------------- config
 
@@ -393,6 +397,7 @@ class Member:
     session: int = 0  # of its newest join (Join.session; 0: untagged, or from before)
     ended: list[int] = dataclasses.field(default_factory=list)  # sessions its rejoins ended
     pushed: int = 0  # the session of its newest push request taken (0: none)
+    asks: int | None = None  # the earlier incarnation its joins asked about (Join.asks)
 
     @property
     def step_seconds(self) -> float:
@@ -427,6 +432,10 @@ class Leader:
         self.members: dict[int, Member] = {}
         self.clock: dict[int, int] = {}  # vector clock: accepted contributions per learner
         self.incarnations: dict[int, int] = {}  # highest incarnation seen per learner
+        # Per learner, its last LEFT incarnations that left membership and how many of
+        # their pushes were booked (those booked after they left included): ``[[incarnation,
+        # booked], ...]``, oldest first (``SendModel.asked``).
+        self.left: dict[int, list[list[int]]] = {}
         self.round: Round | None = None
         self.waiting: list[Push] = []
         self.next_round_id = 0
@@ -689,16 +698,25 @@ class Leader:
             if ev.incarnation == member.incarnation:
                 self._seen(ev.learner, ev.t)
                 if ev.resume:
+                    if ev.asks is not None:
+                        member.asks = ev.asks
                     return self._rejoin(ev.learner, ev.t, ev.session, ev.ends)
                 return []  # a retried join: nothing new
             # A restart before eviction: the new incarnation ends the old one.
             actions += self._remove(ev.learner, ev.t, "restarted")
         self.incarnations[ev.learner] = ev.incarnation
-        member = Member(joined=ev.t, last_seen=ev.t, incarnation=ev.incarnation, session=ev.session)
+        member = Member(
+            joined=ev.t,
+            last_seen=ev.t,
+            incarnation=ev.incarnation,
+            session=ev.session,
+            asks=ev.asks,
+        )
         self.members[ev.learner] = member
         self.clock.setdefault(ev.learner, 0)
         self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
-        return [*actions, SendModel(ev.learner, self.version, session=ev.session)]
+        asked = self._asked(ev.learner, ev.asks)
+        return [*actions, SendModel(ev.learner, self.version, session=ev.session, asked=asked)]
 
     def _rejoin(self, learner: int, t: float, session: int = 0, ends: int = 0) -> list[Action]:
         """A learner resumed from its checkpoint (same incarnation): it pulls the current
@@ -777,6 +795,7 @@ class Leader:
             member.booked,
             self.steps_for(learner, now),
             member.session,
+            self._asked(learner, member.asks),
         )
 
     def steps_for(self, learner: int, now: float) -> int:
@@ -887,7 +906,10 @@ class Leader:
     def _remove(self, learner: int, t: float, reason: str) -> list[Action]:
         if learner not in self.members:
             return []
-        incarnation = self.members.pop(learner).incarnation
+        gone = self.members.pop(learner)
+        incarnation = gone.incarnation
+        history = [e for e in self.left.get(learner, []) if e[0] != incarnation]
+        self.left[learner] = [*history, [incarnation, gone.booked]][-LEFT:]
         event = {"left": "leave", "restarted": "restart"}.get(reason, "evict")
         self._membership(t, event, learner, reason=reason)
         kind = {"left": EvictKind.LEFT, "restarted": EvictKind.RESTARTED}.get(
@@ -1003,6 +1025,17 @@ class Leader:
         member = self.members.get(ev.learner)
         if member is not None and member.incarnation == ev.meta.incarnation:
             member.booked += 1
+            return
+        for entry in self.left.get(ev.learner, []):  # a push of an incarnation that left
+            if entry[0] == ev.meta.incarnation:
+                entry[1] += 1
+
+    def _asked(self, learner: int, incarnation: int | None) -> int | None:
+        """``SendModel.asked``: how many pushes of ``learner``'s ``incarnation``, one that
+        left, were booked (``None``: not asked, or not known)."""
+        if incarnation is None:
+            return None
+        return next((n for i, n in self.left.get(learner, []) if i == incarnation), None)
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
         member = self.members.get(ev.learner)
@@ -1626,6 +1659,7 @@ class Leader:
                 "members": [[j, dataclasses.asdict(m)] for j, m in self.members.items()],
                 "clock": [[j, c] for j, c in self.clock.items()],
                 "incarnations": [[j, c] for j, c in self.incarnations.items()],
+                "left": [[j, h] for j, h in self.left.items()],
                 "round": rnd,
                 "waiting": [push(p) for p in self.waiting],
                 "next_round_id": self.next_round_id,
@@ -1679,6 +1713,7 @@ class Leader:
         leader.members = {j: _member(m) for j, m in state["members"]}
         leader.clock = {j: c for j, c in state["clock"]}
         leader.incarnations = {j: c for j, c in state["incarnations"]}
+        leader.left = {j: [list(e) for e in h] for j, h in state.get("left", [])}
         if state["round"] is not None:
             r = dict(state["round"])
             r["phase"] = Phase(r["phase"])

@@ -111,6 +111,7 @@ from dipsjax.syncer.messages import (
     PushMeta,
     PushRequested,
     PushShards,
+    Reckon,
     Refuse,
     RefuseKind,
     Restore,
@@ -213,6 +214,9 @@ class LearnerProtocol:
       session_base: its joins' sessions are ``session_base + 1``, ``+ 2``, ... A process
         that may share its incarnation with an earlier one (restarted with ``--resume``)
         draws it at random (:func:`session_base`), so that no two joins share a session.
+      asks: an earlier incarnation of this learner whose last push request is in doubt
+        (its driver's record: written down, the answer not): its joins ask the leader
+        (``Join.asks``) until a model comes, whose word goes to the driver as ``Reckon``.
     """
 
     def __init__(
@@ -226,8 +230,10 @@ class LearnerProtocol:
         saved: Iterable[Checkpoint] = (),
         feedback: bool = False,
         session_base: int = 0,
+        asks: int | None = None,
     ) -> None:
         self.learner = learner
+        self.asks = asks  # an earlier incarnation whose last push is in doubt (or None)
         self.feedback = feedback
         self.unsettled: list[int] = []  # error feedback: rounds pushed, outcome not known
         self.incarnation = incarnation
@@ -274,7 +280,14 @@ class LearnerProtocol:
         session = self.session_base + self.joins
         self.asked.add(session)
         join = Join(
-            now, self.learner, self.incarnation, resume, self.fingerprint, session, self.session
+            now,
+            self.learner,
+            self.incarnation,
+            resume,
+            self.fingerprint,
+            session,
+            self.session,
+            self.asks,
         )
         return [Send(join)]
 
@@ -355,6 +368,9 @@ class LearnerProtocol:
         self.state = State.PULLING
         self._told_steps(a.steps)
         out: list[Command] = []
+        if self.asks is not None:  # the leader's word on an earlier one's push in doubt
+            out.append(Reckon(self.asks, a.asked))
+            self.asks = None
         if self.resume:
             step = self.restore_step(a)
             self.saved = [c for c in self.saved if step is not None and c.step <= step]

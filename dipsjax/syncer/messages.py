@@ -140,7 +140,12 @@ class Join(Event):
     model carry it (``PushRequested.session``). ``ends``: the session a rejoin ends, that
     of the learner's newest model (0: none): the leader refuses a push request of an ended
     session from then on (one sent before the rejoin, delivered after it). 0: untagged (a
-    client from before sessions)."""
+    client from before sessions).
+
+    ``asks``: an earlier incarnation of this learner whose last push request is in doubt
+    (its process wrote the request down, then died before it wrote the answer down): its
+    ``SendModel.asked`` says how many of that incarnation's pushes the leader booked.
+    ``None``: none."""
 
     learner: int
     incarnation: int = 0
@@ -148,6 +153,7 @@ class Join(Event):
     fingerprint: str = ""  # of its model (``dipsjax.runtime.client.model_fingerprint``)
     session: int = 0
     ends: int = 0
+    asks: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,7 +349,10 @@ class SendModel(Action):
     ``steps``: the inner steps its rounds train from now on (adaptive steps, EXTENSION:
     :attr:`~dipsjax.syncer.leader.LeaderConfig.adaptive_steps`; 0: the job's ``H``).
     ``session``: that of the join it answers (``Join.session``): a learner takes only a
-    model of a join it sent since its last model (from whichever stream brings it)."""
+    model of a join it sent since its last model (from whichever stream brings it).
+    ``asked``: how many pushes of the incarnation the join asked about (``Join.asks``) the
+    leader booked, those booked after it left included; ``None``: not asked, or not known
+    (more incarnations left since than the leader keeps, :data:`~dipsjax.syncer.leader.LEFT`)."""
 
     learner: int
     version: int
@@ -353,6 +362,7 @@ class SendModel(Action):
     booked: int = -1
     steps: int = 0
     session: int = 0
+    asked: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -623,6 +633,17 @@ class Restore(Command):
     last_round: int = -1
     last_outcome: str = ""
     booked: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Reckon(Command):
+    """The leader's word on an earlier incarnation's push in doubt (``Join.asks``):
+    ``booked`` of incarnation ``incarnation``'s pushes were booked (``SendModel.asked``;
+    ``None``: not known). The driver counts the push in doubt if that is more than its record
+    of that incarnation knew of."""
+
+    incarnation: int
+    booked: int | None
 
 
 @dataclasses.dataclass(frozen=True)

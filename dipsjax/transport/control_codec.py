@@ -71,6 +71,8 @@ NONNEGATIVE_FIELDS = frozenset(
         "round_id",
         "version",
         "incarnation",
+        "asks",
+        "asked",
         "base_version",
         "base_versions",
         "learners",

@@ -10,9 +10,10 @@ import types
 import pytest
 
 from dipsjax.runtime.client import StaleLeader
-from dipsjax.runtime.learner import LearnerNode
+from dipsjax.runtime.learner import LearnerNode, read_books
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
 from dipsjax.syncer import messages as m
+from dipsjax.syncer.learner import LearnerProtocol
 
 J = 1
 
@@ -44,7 +45,8 @@ def test_a_failed_push_request_is_in_doubt_and_counted_only_on_the_leaders_word(
     assert node.in_doubt == 256 and node.reported == 1000  # not counted: unknown yet
     # The rejoin's SendModel: the leader booked one push more than this process knew of.
     node._settle_in_doubt(5, 1)
-    assert node.reported == 1256 and node.written == [1256] and node.in_doubt == 0
+    # Written: the request before it was sent (in doubt), the count, the settled books.
+    assert node.reported == 1256 and node.written == [1000, 1256, 1256] and node.in_doubt == 0
     assert node.known_round == 5 and node.booked_pushes == 1
     # A second one the leader never took: the rejoin's count is the same.
     node.in_doubt = 128
@@ -269,3 +271,173 @@ def test_a_push_request_after_its_learners_rejoin_and_pull_is_booked_by_neither(
     assert refuse.kind == m.RefuseKind.SESSION and (first.session, send.session) == (1, 2)
     assert leader.ledger.reported.get(J, 0) == node.reported == 0
     assert leader.members[J].booked == 0
+
+
+# -- a push booked as its learner died: the next incarnation settles it ---------------------
+
+
+class _Died(BaseException):
+    """The learner's process killed (SIGKILL): nothing after this point of it runs."""
+
+
+class _BookedThenKilled:
+    """A control channel whose push reaches the leader's core, which books it, and whose
+    process is killed before it writes the answer down."""
+
+    refused = ""
+
+    def __init__(self, leader):
+        self.leader = leader
+
+    def call(self, event):
+        self.leader.handle(event)
+        raise _Died
+
+
+class _KilledBeforeSending:
+    refused = ""
+
+    def call(self, event):
+        raise _Died
+
+
+def _process(path, incarnation, control, resume=False):
+    """A learner process's books, as ``LearnerNode.__init__`` reads them from its
+    ``reported.json`` (``path``), with its real record keeping and push sending."""
+    books = read_books(path, incarnation, resume)
+    node = types.SimpleNamespace(
+        j=J,
+        incarnation=incarnation,
+        reported_path=path,
+        known_round=-1,
+        reported=books.tokens,
+        booked_pushes=books.booked,
+        in_doubt=books.doubt,
+        asks=books.asks,
+    )
+    for name in (
+        "_heard",
+        "_settle_in_doubt",
+        "_count_in_doubt",
+        "_write_reported",
+        "_reckon",
+        "_one",
+    ):
+        setattr(node, name, getattr(LearnerNode, name).__get__(node))
+    node.write_stats = lambda: None
+    node._write_reported()  # as a process writes its books when it starts
+    node.phase = lambda state: None
+    node.proto = LearnerProtocol(J, incarnation, asks=None if books.asks is None else books.asks[0])
+    node.terminating, node._drain = False, lambda: None
+    node.control, node.now, node.generation, node.lost_since = control, (lambda: 0.0), 0, None
+    node._call_failed = lambda e, what: []
+    return node
+
+
+def _push(node, tokens=4096):
+    node.proto.state = types.SimpleNamespace(value="training")
+    node.proto.asking = lambda: True
+    node.proto.on_action = lambda a, t, g: []
+    return LearnerNode._send(node, m.PushRequested(0.5, J, m.PushMeta(tokens, 4, 0)))
+
+
+def _join(node, leader):
+    """The process's join, as its protocol makes it, and what it does with the answer
+    (the predecessor's push settled; the pull it then makes is not carried out)."""
+    (send,) = node.proto.start(1.0)
+    answers = leader.handle(send.event)
+    done = []
+    for a in answers:
+        for c in node.proto.on_action(a, 1.0):
+            if isinstance(c, m.Reckon):
+                done += node._one(c)
+    return send.event, answers
+
+
+@pytest.mark.parametrize("evicted", [False, True], ids=["restarted", "evicted-first"])
+def test_a_push_booked_as_its_learner_died_is_counted_by_the_next_incarnation(tmp_path, evicted):
+    """``benchmarks/hostile.py --tiny`` once found the books one push (4096 tokens) apart:
+    a learner killed after the leader booked its push and before it wrote the answer
+    down. Its next incarnation could not know (the leader's count in ``SendModel.booked``
+    is of the new incarnation's pushes). Now the learner writes each push request down
+    before it sends it, and the next incarnation asks the leader (``Join.asks``) how many
+    of that incarnation's pushes it booked (``SendModel.asked``): more than the record
+    knew of, the one in doubt was booked. Each side counts on its own: the learner its
+    record, the leader its ledger."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    path = tmp_path / "reported.json"
+    first = _process(path, 0, types.SimpleNamespace(refused="", call=leader.handle))
+    _push(first)  # answered: booked, and written down
+    first.control = _BookedThenKilled(leader)
+    with pytest.raises(_Died):
+        _push(first)
+    assert leader.ledger.reported[J] == 8192 and json.loads(path.read_text())["tokens"] == 4096
+    if evicted:  # found silent before its restart joins
+        leader.handle(m.Tick(500.0))
+        assert J not in leader.members
+    second = _process(path, 1, None)
+    assert second.reported == 4096 and second.asks == (0, 1, 4096)
+    join, answers = _join(second, leader)
+    assert join.asks == 0
+    assert [a.asked for a in answers if isinstance(a, m.SendModel)] == [2]
+    assert json.loads(path.read_text())["tokens"] == 8192 == leader.ledger.reported[J]
+    assert second.asks is None
+
+
+def test_a_push_written_down_but_never_sent_is_not_counted_by_the_next_incarnation(tmp_path):
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    path = tmp_path / "reported.json"
+    first = _process(path, 0, types.SimpleNamespace(refused="", call=leader.handle))
+    _push(first)
+    first.control = _KilledBeforeSending()
+    with pytest.raises(_Died):
+        _push(first)
+    second = _process(path, 1, None)
+    assert second.asks == (0, 1, 4096)
+    _join(second, leader)
+    assert json.loads(path.read_text())["tokens"] == 4096 == leader.ledger.reported[J]
+
+
+def test_an_incarnation_killed_before_its_join_was_answered_passes_the_question_on(tmp_path):
+    """The incarnation that must ask can die before the leader answers: its record keeps
+    the question, and the one after it asks it (the leader keeps the counts of a few
+    incarnations that left, and of their pushes booked after they left, in its snapshot)."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    path = tmp_path / "reported.json"
+    first = _process(path, 0, _BookedThenKilled(leader))
+    with pytest.raises(_Died):
+        _push(first)
+    second = _process(path, 1, None)
+    (send,) = second.proto.start(1.0)
+    leader.handle(send.event)  # joined; the process killed before it took the answer
+    leader = Leader.restore(json.loads(json.dumps(leader.snapshot())))  # kept across restarts
+    third = _process(path, 2, None)
+    assert third.asks == (0, 0, 4096)
+    join, answers = _join(third, leader)
+    assert join.asks == 0 and [a.asked for a in answers if isinstance(a, m.SendModel)] == [1]
+    assert json.loads(path.read_text())["tokens"] == 4096 == leader.ledger.reported[J]
+
+
+def test_a_push_of_an_evicted_incarnation_booked_after_it_left_is_in_its_count():
+    """An evicted incarnation's process may still live (a cut link) and push: the leader
+    refuses it as ``unknown`` and books it, and its process counts it from the answer; the
+    count a later incarnation is told holds it, and a push of an incarnation the leader
+    does not know of is answered ``None`` (not known: not counted)."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    leader.handle(m.Tick(500.0))
+    (refuse,) = leader.handle(m.PushRequested(501.0, J, m.PushMeta(100, 1, 0)))
+    assert refuse.kind == m.RefuseKind.UNKNOWN and leader.ledger.reported[J] == 100
+    (send,) = leader.handle(m.Join(502.0, J, incarnation=1, asks=0))
+    assert send.asked == 1
+    (send,) = leader.handle(m.Join(503.0, J + 1, incarnation=3, asks=2))
+    assert send.asked is None
+    (send,) = leader.handle(m.Join(504.0, J + 2))
+    assert send.asked is None  # not asked

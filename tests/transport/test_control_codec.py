@@ -33,6 +33,7 @@ EXAMPLES = [
         fingerprint="0123abcd4567ef89",
         session=21,
         ends=20,
+        asks=1,
     ),
     m.Leave(2.5, learner=4),
     m.Heartbeat(3.0, learner=5),
@@ -74,6 +75,7 @@ EXAMPLES = [
         booked=5,
         steps=24,
         session=9,
+        asked=3,
     ),
     m.PushShards(
         round_id=13,

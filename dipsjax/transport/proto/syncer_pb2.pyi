@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Join(_message.Message):
-    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint", "session", "ends")
+    __slots__ = ("t", "learner", "incarnation", "resume", "fingerprint", "session", "ends", "asks")
     T_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Join(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     ENDS_FIELD_NUMBER: _ClassVar[int]
+    ASKS_FIELD_NUMBER: _ClassVar[int]
     t: float
     learner: int
     incarnation: int
@@ -22,7 +23,8 @@ class Join(_message.Message):
     fingerprint: str
     session: int
     ends: int
-    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ..., session: _Optional[int] = ..., ends: _Optional[int] = ...) -> None: ...
+    asks: int
+    def __init__(self, t: _Optional[float] = ..., learner: _Optional[int] = ..., incarnation: _Optional[int] = ..., resume: _Optional[bool] = ..., fingerprint: _Optional[str] = ..., session: _Optional[int] = ..., ends: _Optional[int] = ..., asks: _Optional[int] = ...) -> None: ...
 
 class Leave(_message.Message):
     __slots__ = ("t", "learner")
@@ -203,7 +205,7 @@ class FollowerHeartbeat(_message.Message):
     def __init__(self, t: _Optional[float] = ..., follower: _Optional[int] = ...) -> None: ...
 
 class SendModel(_message.Message):
-    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked", "steps", "session")
+    __slots__ = ("learner", "version", "leases", "last_round", "last_outcome", "booked", "steps", "session", "asked")
     LEARNER_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +214,7 @@ class SendModel(_message.Message):
     BOOKED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    ASKED_FIELD_NUMBER: _ClassVar[int]
     learner: int
     version: int
     leases: _containers.RepeatedCompositeFieldContainer[Span]
@@ -220,7 +223,8 @@ class SendModel(_message.Message):
     booked: int
     steps: int
     session: int
-    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ..., steps: _Optional[int] = ..., session: _Optional[int] = ...) -> None: ...
+    asked: int
+    def __init__(self, learner: _Optional[int] = ..., version: _Optional[int] = ..., leases: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., last_round: _Optional[int] = ..., last_outcome: _Optional[str] = ..., booked: _Optional[int] = ..., steps: _Optional[int] = ..., session: _Optional[int] = ..., asked: _Optional[int] = ...) -> None: ...
 
 class Transfer(_message.Message):
     __slots__ = ("layer", "follower", "step")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from dipsjax.data import ledger as chunks
+from dipsjax.runtime.books import settled_at_the_end
 from dipsjax.syncer.tape import EventTape
 
 
@@ -68,10 +69,11 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
         path = run / f"learner{j}" / "reported.json"
         if path.exists():
             record = json.loads(path.read_text())
-            reported += record["tokens"]
-            # A push request written down whose answer never was, and no later process
-            # of its learner settled (a learner killed at the end): what may explain a gap.
-            doubt += record.get("doubt", 0) + ((record.get("asks") or [0, 0, 0])[2])
+            # A push in doubt no later process of its learner settled (killed as the job
+            # stopped): settled by the same rule, with the leader's final word.
+            counted, unresolved = settled_at_the_end(record, snap, j)
+            reported += record["tokens"] + counted
+            doubt += unresolved
     unbooked = abs(reported - books["reported"])
     unsettled = abs(books["reported"] - books["applied"] - books["rejected"] - books["dropped"])
     # Followers: each ended at the leader's last version, and applied versions in order (a

@@ -79,7 +79,6 @@ import argparse
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -104,7 +103,8 @@ from dipsjax.data.pipeline import BatchStream, StreamPosition
 from dipsjax.learner import Learner, make_partition_mesh
 from dipsjax.learner.contribution import PushFeedback, encode_tree, push_meta
 from dipsjax.model.plan import learner_memory
-from dipsjax.runtime import logs, permissions, progress
+from dipsjax.runtime import books, logs, permissions, progress
+from dipsjax.runtime.books import read_books
 from dipsjax.runtime.checkpoint import Checkpoints
 from dipsjax.runtime.client import ControlClient, booked, in_parallel, model_fingerprint
 from dipsjax.runtime.partition import Compute, Partition, process_index
@@ -167,52 +167,6 @@ def _learning_rate(learner: Any, step: int) -> float | None:
         return float(learning_rate_schedule(learner.inner.optimizer)(step))
     except Exception:  # an inner step of another kind (a task's own optimizer)
         return None
-
-
-@dataclasses.dataclass(frozen=True)
-class Books:
-    """A learner's side of the token books, as ``RUN_DIR/learner{j}/reported.json`` holds
-    them across its processes (written whole, by rename, at each change):
-
-    ``tokens``: of every push the leader booked (its answer came back, or the leader's
-    word later said so), over all incarnations (what ``runtime.audit`` balances against
-    the leader's ledger); ``booked``: how many of its own incarnation's pushes this
-    process knows were booked; ``doubt``: the tokens of a push request written down
-    before it was sent, whose answer is not (0: none); ``asks``: ``(incarnation, booked,
-    doubt)`` of an earlier incarnation that died with a push in doubt, until the leader's
-    word on it (``Join.asks``) comes."""
-
-    tokens: int = 0
-    booked: int = 0
-    doubt: int = 0
-    asks: tuple[int, int, int] | None = None
-
-
-def write_books(path: Path, incarnation: int, books: Books) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    d = dataclasses.asdict(books)
-    write_json(path, {**d, "incarnation": incarnation, "asks": books.asks and list(books.asks)})
-
-
-def read_books(path: Path, incarnation: int, resume: bool) -> Books:
-    """The books a learner process of ``incarnation`` starts from (``path``: its
-    ``reported.json``). The same incarnation (``resume``) goes on with them, its push in
-    doubt included (its rejoin settles it); a later one keeps only the tokens, and asks
-    about its predecessor's push in doubt (or passes on the question its predecessor had
-    not had answered). A first process (incarnation 0, not resumed) starts from none."""
-    if not (resume or incarnation > 0) or not path.exists():
-        return Books()
-    d = json.loads(path.read_text())
-    tokens, was = int(d["tokens"]), d.get("incarnation")
-    asks = tuple(d["asks"]) if d.get("asks") else None
-    if was is None:  # written before the record held more than the tokens
-        return Books(tokens)
-    if was == incarnation:
-        return Books(tokens, int(d["booked"]), int(d["doubt"]), asks)
-    if was > incarnation:  # not this process's line of incarnations: its tokens only
-        log.warning("%s is incarnation %d's, newer than this one (%d)", path, was, incarnation)
-        return Books(tokens)
-    return Books(tokens, asks=(was, int(d["booked"]), int(d["doubt"])) if d["doubt"] else asks)
 
 
 def partition_mesh() -> Any:
@@ -302,7 +256,7 @@ class LearnerNode:
         # learner's side of the token balance, never rolled back with a checkpoint; and
         # the push request written down, its answer not (see ``read_books``).
         self.reported_path = Path(spec.run_dir) / f"learner{j}" / "reported.json"
-        books = read_books(self.reported_path, incarnation, resume)
+        start = read_books(self.reported_path, incarnation, resume)
         # A push request whose answer never came (the leader died, or was deposed, after
         # it may have written the push down): its tokens, until the leader's word says
         # whether it was booked: its plan (a round newer than any this process knows of its
@@ -310,8 +264,8 @@ class LearnerNode:
         # leader's count of this incarnation's pushes it booked, against this process's own
         # count of the ones it knows were (``booked_pushes``). An earlier incarnation's
         # (``asks``) is settled by the leader's word on that incarnation (``Reckon``).
-        self.reported, self.booked_pushes, self.in_doubt = books.tokens, books.booked, books.doubt
-        self.asks = books.asks
+        self.reported, self.booked_pushes, self.in_doubt = start.tokens, start.booked, start.doubt
+        self.asks, self.unresolved, self.stale_books = start.asks, start.unresolved, start.stale
         self.known_round = -1
         # The protocol: every decision of this learner's side (syncer/learner.py).
         self.proto = LearnerProtocol(
@@ -372,7 +326,8 @@ class LearnerNode:
         self.lost_since: float | None = None  # the leader unreachable since (monotonic)
         self.patience = 120.0  # seconds to wait for a lost leader to come back
         self.trained = {"tokens": 0, "first": None, "last": None}  # for the stats file
-        self._write_reported()  # its books as it starts (an earlier one's question kept)
+        if not self.stale_books:  # a newer incarnation's are left as they are
+            self._write_reported()  # its books as it starts (an earlier one's question kept)
         self.tb = SummaryWriter(str(Path(spec.run_dir) / "tb" / f"learner{j}"))
 
     def make_compute(self) -> tuple[Compute, dict]:
@@ -750,24 +705,16 @@ class LearnerNode:
         if self.asks is None:
             return []
         incarnation, known, tokens = self.asks
-        if c.incarnation != incarnation:
-            log.error("the leader's word is on incarnation %d, not %d", c.incarnation, incarnation)
-        elif c.booked is None:
+        word = c.booked if c.incarnation == incarnation else None
+        counted, unresolved = books.settle(known, tokens, word)
+        if unresolved:
             log.warning(
-                "the leader does not know how many pushes of incarnation %d it booked: its "
-                "push in doubt (%d tokens) is not counted",
+                "the leader cannot say how many pushes of incarnation %d it booked: its push "
+                "in doubt (%d tokens) is not counted, and is kept as unresolved",
                 incarnation,
                 tokens,
             )
-        elif c.booked > known:
-            if c.booked > known + 1:
-                log.error(
-                    "the leader booked %d pushes of incarnation %d; its record knew of %d and "
-                    "one in doubt: counted that one",
-                    c.booked,
-                    incarnation,
-                    known,
-                )
+        elif counted:
             log.info(
                 "incarnation %d's push in doubt was booked (the leader booked %d of its "
                 "pushes, its record knew of %d): counted",
@@ -775,7 +722,8 @@ class LearnerNode:
                 c.booked,
                 known,
             )
-            self.reported += tokens
+        self.reported += counted
+        self.unresolved += unresolved
         self.asks = None
         self._write_reported()
         return []
@@ -1116,8 +1064,10 @@ class LearnerNode:
 
     def _write_reported(self) -> None:
         self.reported_path.parent.mkdir(parents=True, exist_ok=True)
-        books = Books(self.reported, self.booked_pushes, self.in_doubt, self.asks)
-        write_books(self.reported_path, self.incarnation, books)  # a stop leaves a whole file
+        record = books.Books(
+            self.reported, self.booked_pushes, self.in_doubt, self.asks, self.unresolved
+        )
+        books.write_books(self.reported_path, self.incarnation, record)  # whole, by rename
         self.write_stats()  # so a learner killed hard still leaves its count in its stats
 
     def write_stats(self) -> None:

@@ -1659,7 +1659,7 @@ class Leader:
                 "members": [[j, dataclasses.asdict(m)] for j, m in self.members.items()],
                 "clock": [[j, c] for j, c in self.clock.items()],
                 "incarnations": [[j, c] for j, c in self.incarnations.items()],
-                "left": [[j, h] for j, h in self.left.items()],
+                "left": [[j, [list(e) for e in h]] for j, h in self.left.items()],
                 "round": rnd,
                 "waiting": [push(p) for p in self.waiting],
                 "next_round_id": self.next_round_id,

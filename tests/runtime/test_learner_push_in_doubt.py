@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from dipsjax.runtime import books
 from dipsjax.runtime.client import StaleLeader
 from dipsjax.runtime.learner import LearnerNode, read_books
 from dipsjax.syncer import Leader, LeaderConfig, NoGrace
@@ -314,6 +315,7 @@ def _process(path, incarnation, control, resume=False):
         booked_pushes=books.booked,
         in_doubt=books.doubt,
         asks=books.asks,
+        unresolved=books.unresolved,
     )
     for name in (
         "_heard",
@@ -441,3 +443,48 @@ def test_a_push_of_an_evicted_incarnation_booked_after_it_left_is_in_its_count()
     assert send.asked is None
     (send,) = leader.handle(m.Join(504.0, J + 2))
     assert send.asked is None  # not asked
+
+
+def _booked_twice(leader):
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    for t in (0.2, 0.3):  # one admitted, one refused as pending: both booked
+        leader.handle(m.PushRequested(t, J, m.PushMeta(4096, 4, 0)))
+    assert leader.members[J].booked == 2
+
+
+def test_the_audit_settles_a_push_in_doubt_no_later_process_settled():
+    """A learner killed with a push in doubt as the job stopped has no later process to
+    ask: the audit settles it by the same rule (``books.settle``), with the count in the
+    leader's final snapshot, and reports what nothing can settle as in doubt."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    _booked_twice(leader)
+    snap = json.loads(json.dumps(leader.snapshot()))
+    record = {"tokens": 4096, "incarnation": 0, "booked": 1, "doubt": 4096, "asks": None}
+    assert books.settled_at_the_end(record, snap, J) == (4096, 0)  # the leader has 2
+    record = {**record, "tokens": 8192, "booked": 2}  # written down, never sent
+    assert books.settled_at_the_end(record, snap, J) == (0, 0)
+    leader.handle(m.Join(1.0, J, incarnation=1))  # incarnation 0 left, with 2 booked
+    snap = json.loads(json.dumps(leader.snapshot()))
+    record = {"tokens": 4096, "incarnation": 1, "booked": 0, "doubt": 0, "asks": [0, 1, 4096]}
+    assert books.settled_at_the_end(record, snap, J) == (4096, 0)
+    record["asks"] = [7, 1, 4096]  # an incarnation the leader knows nothing of
+    assert books.settled_at_the_end({**record, "unresolved": 10}, snap, J) == (0, 4106)
+
+
+def test_a_push_the_leader_cannot_say_anything_of_is_kept_unresolved(tmp_path):
+    path = tmp_path / "reported.json"
+    node = _process(path, 0, None)
+    node.asks = (3, 1, 4096)  # say, more incarnations left since than the leader keeps
+    node._one(m.Reckon(3, None))
+    got = json.loads(path.read_text())
+    assert (got["tokens"], got["unresolved"], got["asks"]) == (0, 4096, None)
+    assert read_books(path, 1, False).unresolved == 4096  # carried on
+
+
+def test_a_process_of_an_older_incarnation_leaves_a_newer_ones_books_alone(tmp_path):
+    path = tmp_path / "reported.json"
+    books.write_books(path, 5, books.Books(8192, 2, 4096))
+    got = read_books(path, 3, False)
+    assert got.stale and got.tokens == 8192
+    assert read_books(path, 5, True) == books.Books(8192, 2, 4096)

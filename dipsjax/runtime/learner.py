@@ -491,6 +491,9 @@ class LearnerNode:
         except (grpc.RpcError, ValueError) as e:
             return self._call_failed(e, type(event).__name__)  # a push stays in doubt
         self.lost_since = None
+        if pushing and self.spec.answer_pause > 0:  # fault injection: a kill lands here
+            log.info("answer pause, %d tokens in doubt", event.meta.tokens)
+            time.sleep(self.spec.answer_pause)
         if pushing:
             if booked(replies, self.control.refused):
                 self.reported += event.meta.tokens  # the leader has it (refused ones too)

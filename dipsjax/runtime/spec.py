@@ -55,6 +55,9 @@ class RunSpec:
       push_pause: fault injection, for tests: seconds a learner pauses in each push once its
         first follower holds its shards and before the others get theirs (so a kill lands
         mid-push); 0 in real runs.
+      answer_pause: fault injection, for tests: seconds a learner pauses between the
+        leader's answer to its push request and writing that answer down (so a kill lands
+        on a push the leader booked and its learner knows not of); 0 in real runs.
       link_rates: fault injection, for tests: ``(learner, bytes/s)`` pairs; each of that
         learner's data-plane connections (one per follower) carries at most this many
         bytes a second each way while it joins (its first pull: a slow stale upsize);
@@ -119,6 +122,7 @@ class RunSpec:
     restart_backoff: float = 0.5
     apply_delay: float = 0.0
     push_pause: float = 0.0
+    answer_pause: float = 0.0
     link_rates: tuple[tuple[int, float], ...] = ()
     link_cuts: tuple[tuple[int, float], ...] = ()
     transfer_patience: float = 60.0
@@ -174,6 +178,7 @@ class RunSpec:
             (self.restart_backoff >= 0, "restart_backoff", ">= 0 seconds"),
             (self.apply_delay >= 0, "apply_delay", ">= 0 seconds"),
             (self.push_pause >= 0, "push_pause", ">= 0 seconds"),
+            (self.answer_pause >= 0, "answer_pause", ">= 0 seconds"),
             (
                 all(len(x) == 2 and x[1] > 0 for x in self.link_rates),
                 "link_rates",

@@ -212,6 +212,29 @@ def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     assert all(p.pushed_at < killed_at for p in pushes if p.meta.incarnation == 0)
 
 
+def test_a_learner_killed_after_its_push_was_booked_and_before_it_knew_is_counted_once(
+    tmp_path,
+):
+    # benchmarks/hostile.py --tiny once found the books one push apart: a learner killed
+    # after the leader booked its push and before it wrote the answer down. The kill lands
+    # there (``answer_pause``); the next incarnation asks the leader of that push.
+    sim = _sim(pushes=12)
+    run = tmp_path / "run"
+    spec = dataclasses.replace(make_spec(sim, run), answer_pause=0.8)
+    launcher = _start(spec, tmp_path)
+    log = run / "logs" / "learner1.log"
+    _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)
+    seen = log.read_text().count("answer pause")
+    _wait(lambda: log.read_text().count("answer pause") > seen, "a new pause", launcher)
+    _kill(run, "learner1")
+    record = json.loads((run / "learner1" / "reported.json").read_text())
+    assert record["incarnation"] == 0 and record["doubt"] > 0  # written down, answer not
+    summary = _finish(launcher, run)
+    _check_run(run, sim, summary)  # the books balance, each side counted on its own
+    _only_restart(run, "learner1")
+    assert "incarnation 0's push in doubt was booked" in log.read_text()
+
+
 def test_a_cut_link_is_retried_while_short_and_ends_the_incarnation_when_longer(tmp_path):
     """Fault injection ``link_cuts``: in each learner's second push its link to follower 1
     is severed 64 KiB into the transfer. Learner 0's comes back after 2.5 s: it sends the

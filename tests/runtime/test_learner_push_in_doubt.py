@@ -23,6 +23,7 @@ def _node(known_round=4):
     node = types.SimpleNamespace(
         j=J, in_doubt=0, known_round=known_round, reported=1000, written=[], booked_pushes=0
     )
+    node.spec = types.SimpleNamespace(answer_pause=0.0)
     node._write_reported = lambda: node.written.append(node.reported)
     for name in ("_heard", "_settle_in_doubt", "_count_in_doubt"):
         setattr(node, name, getattr(LearnerNode, name).__get__(node))
@@ -316,6 +317,7 @@ def _process(path, incarnation, control, resume=False):
         in_doubt=books.doubt,
         asks=books.asks,
         unresolved=books.unresolved,
+        spec=types.SimpleNamespace(answer_pause=0.0),
     )
     for name in (
         "_heard",

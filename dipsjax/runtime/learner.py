@@ -484,6 +484,9 @@ class LearnerNode:
             return []  # SIGTERM: no more calls (the control channel is being closed)
         pushing = isinstance(event, m.PushRequested)
         if pushing:  # written down before it is sent: a kill from here on leaves it in doubt
+            if self.in_doubt:  # no word settled an earlier one (none can now): kept apart
+                log.warning("a push in doubt (%d tokens) left unresolved", self.in_doubt)
+                self.unresolved += self.in_doubt
             self.in_doubt = event.meta.tokens
             self._write_reported()
         try:
@@ -1066,6 +1069,8 @@ class LearnerNode:
         tr["last"] = time.perf_counter()
 
     def _write_reported(self) -> None:
+        if self.stale_books:  # a newer incarnation's books: left as they are
+            return
         self.reported_path.parent.mkdir(parents=True, exist_ok=True)
         record = books.Books(
             self.reported, self.booked_pushes, self.in_doubt, self.asks, self.unresolved

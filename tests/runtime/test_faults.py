@@ -169,8 +169,10 @@ def _only_restart(run, role):
 def _kill_in_a_pause(tmp_path, pause, says):
     """A run whose learners pause 0.8 s at a point of each push (the fault injection
     ``pause``, a ``RunSpec`` field; each pause logs ``says``), with learner 1 killed in
-    one of its pauses after version 2. 12 pushes a learner (36): a run measured had 12 in
-    when the new incarnation joined, and it needs one of its own before the budget."""
+    one of its pauses after version 2 (its books as the kill came: read just before it,
+    as its next incarnation may rewrite them soon after). 12 pushes a learner (36): a run
+    measured had 12 in when the new incarnation joined, and it needs one of its own
+    before the budget."""
     sim = _sim(pushes=12)
     run = tmp_path / "run"
     launcher = _start(dataclasses.replace(make_spec(sim, run), **{pause: 0.8}), tmp_path)
@@ -178,13 +180,14 @@ def _kill_in_a_pause(tmp_path, pause, says):
     _wait(lambda: _status(run)["version"] >= 2, "version 2", launcher)
     seen = log.read_text().count(says)
     _wait(lambda: log.read_text().count(says) > seen, "a new pause", launcher)
+    books = json.loads((run / "learner1" / "reported.json").read_text())
     _kill(run, "learner1")
-    return sim, run, launcher, log
+    return sim, run, launcher, log, books
 
 
 def test_a_learner_killed_mid_push_comes_back_as_a_new_incarnation(tmp_path):
     # Killed within the pause: follower 0 has the shards, follower 1 not.
-    sim, run, launcher, log = _kill_in_a_pause(tmp_path, "push_pause", "mid-push pause")
+    sim, run, launcher, log, _ = _kill_in_a_pause(tmp_path, "push_pause", "mid-push pause")
     round_id = int(log.read_text().split("mid-push pause, round ")[-1].split()[0])
     killed_at = _status(run)["t"]
     summary = _finish(launcher, run)
@@ -224,9 +227,8 @@ def test_a_learner_killed_after_its_push_was_booked_and_before_it_knew_is_counte
     # benchmarks/hostile.py --tiny once found the books one push apart: a learner killed
     # after the leader booked its push and before it wrote the answer down. The kill lands
     # there (``answer_pause``); the next incarnation asks the leader of that push.
-    sim, run, launcher, log = _kill_in_a_pause(tmp_path, "answer_pause", "answer pause")
-    record = json.loads((run / "learner1" / "reported.json").read_text())
-    assert record["incarnation"] == 0 and record["doubt"] > 0  # written down, answer not
+    sim, run, launcher, log, books = _kill_in_a_pause(tmp_path, "answer_pause", "answer pause")
+    assert books["incarnation"] == 0 and books["doubt"] > 0  # written down, answer not
     summary = _finish(launcher, run)
     _check_run(run, sim, summary)  # the books balance, each side counted on its own
     _only_restart(run, "learner1")

@@ -317,6 +317,7 @@ def _process(path, incarnation, control, resume=False):
         in_doubt=books.doubt,
         asks=books.asks,
         unresolved=books.unresolved,
+        stale_books=books.stale,
         spec=types.SimpleNamespace(answer_pause=0.0),
     )
     for name in (
@@ -329,7 +330,8 @@ def _process(path, incarnation, control, resume=False):
     ):
         setattr(node, name, getattr(LearnerNode, name).__get__(node))
     node.write_stats = lambda: None
-    node._write_reported()  # as a process writes its books when it starts
+    if not books.stale:
+        node._write_reported()  # as a process writes its books when it starts
     node.phase = lambda state: None
     node.proto = LearnerProtocol(J, incarnation, asks=None if books.asks is None else books.asks[0])
     node.terminating, node._drain = False, lambda: None
@@ -490,3 +492,32 @@ def test_a_process_of_an_older_incarnation_leaves_a_newer_ones_books_alone(tmp_p
     got = read_books(path, 3, False)
     assert got.stale and got.tokens == 8192
     assert read_books(path, 5, True) == books.Books(8192, 2, 4096)
+
+
+def test_a_push_sent_while_an_earlier_one_is_still_in_doubt_keeps_that_one_unresolved(tmp_path):
+    """No word can settle a push in doubt once the next is sent (one is in flight at a
+    time): its tokens are kept apart, not overwritten (a process of the same incarnation
+    started without ``--resume`` keeps its predecessor's doubt, and a first join brings
+    no rejoin's count)."""
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J))
+    leader.handle(m.PullDone(0.1, J, 0))
+    path = tmp_path / "reported.json"
+    books.write_books(path, 0, books.Books(0, 0, 2048))
+    node = _process(path, 0, types.SimpleNamespace(refused="", call=leader.handle), resume=True)
+    assert node.in_doubt == 2048
+    _push(node)
+    got = json.loads(path.read_text())
+    assert (got["tokens"], got["doubt"], got["unresolved"]) == (4096, 0, 2048)
+
+
+def test_a_process_of_an_older_incarnation_never_writes_a_newer_ones_books(tmp_path):
+    path = tmp_path / "reported.json"
+    books.write_books(path, 5, books.Books(8192, 2, 4096))
+    before = path.read_text()
+    leader = Leader(LeaderConfig(penalty=False), NoGrace())
+    leader.handle(m.Join(0.0, J, incarnation=3))
+    leader.handle(m.PullDone(0.1, J, 0))
+    node = _process(path, 3, types.SimpleNamespace(refused="", call=leader.handle))
+    _push(node)
+    assert path.read_text() == before

@@ -15,6 +15,7 @@ one epoch would count each batch's second epoch as trained twice.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 
 from dipsjax.data import ledger as chunks
 from dipsjax.runtime.books import settled_at_the_end
+from dipsjax.syncer.leader import Leader
 from dipsjax.syncer.tape import EventTape
 
 
@@ -65,13 +67,14 @@ def audit(run_dir: str | Path, learners: int, followers: int) -> dict[str, Any]:
     lost = len(done - set(used))
     books = json.loads((run / "leader" / "status.json").read_text())["tokens"]
     reported = doubt = 0
+    leader = Leader.restore(snap)
     for j in range(learners):
         path = run / f"learner{j}" / "reported.json"
         if path.exists():
             record = json.loads(path.read_text())
             # A push in doubt no later process of its learner settled (killed as the job
             # stopped): settled by the same rule, with the leader's final word.
-            counted, unresolved = settled_at_the_end(record, snap, j)
+            counted, unresolved = settled_at_the_end(record, functools.partial(leader.booked_of, j))
             reported += record["tokens"] + counted
             doubt += unresolved
     unbooked = abs(reported - books["reported"])

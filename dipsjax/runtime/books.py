@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,24 +95,13 @@ def settle(known: int, doubt: int, booked: int | None) -> tuple[int, int]:
     return (doubt if booked > known else 0), 0
 
 
-def leader_count(snapshot: dict[str, Any], learner: int, incarnation: int) -> int | None:
-    """How many of ``learner``'s ``incarnation``'s pushes the leader whose
-    ``Leader.snapshot`` is ``snapshot`` booked (``None``: not known)."""
-    for j, member in snapshot.get("members", []):
-        if j == learner and member["incarnation"] == incarnation:
-            return int(member["booked"])
-    for j, history in snapshot.get("left", []):
-        if j == learner:
-            for i, n in history:
-                if i == incarnation:
-                    return int(n)
-    return None
-
-
-def settled_at_the_end(record: dict[str, Any], snapshot: dict[str, Any], learner: int):
+def settled_at_the_end(
+    record: dict[str, Any], booked_of: Callable[[int], int | None]
+) -> tuple[int, int]:
     """A finished run's ``reported.json`` (``record``) with what no later process of its
-    learner settled settled by the leader's final ``snapshot``: (tokens counted, tokens
-    left in doubt). A learner killed with a push in doubt, or with a question not
+    learner settled settled by the leader's final word (``booked_of``: how many pushes of
+    an incarnation of that learner it booked, ``Leader.booked_of``): (tokens counted,
+    tokens left in doubt). A learner killed with a push in doubt, or with a question not
     answered, as the job stopped has no later process to do it."""
     counted, unresolved = 0, int(record.get("unresolved", 0))
     was = record.get("incarnation")
@@ -121,6 +111,6 @@ def settled_at_the_end(record: dict[str, Any], snapshot: dict[str, Any], learner
     if record.get("asks"):
         pending.append(tuple(int(x) for x in record["asks"]))
     for incarnation, known, doubt in pending:
-        got, left = settle(known, doubt, leader_count(snapshot, learner, incarnation))
+        got, left = settle(known, doubt, booked_of(incarnation))
         counted, unresolved = counted + got, unresolved + left
     return counted, unresolved

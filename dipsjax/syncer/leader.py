@@ -715,7 +715,7 @@ class Leader:
         self.members[ev.learner] = member
         self.clock.setdefault(ev.learner, 0)
         self._membership(ev.t, "join", ev.learner, incarnation=ev.incarnation)
-        asked = self._asked(ev.learner, ev.asks)
+        asked = self.booked_of(ev.learner, ev.asks)
         return [*actions, SendModel(ev.learner, self.version, session=ev.session, asked=asked)]
 
     def _rejoin(self, learner: int, t: float, session: int = 0, ends: int = 0) -> list[Action]:
@@ -795,7 +795,7 @@ class Leader:
             member.booked,
             self.steps_for(learner, now),
             member.session,
-            self._asked(learner, member.asks),
+            self.booked_of(learner, member.asks),
         )
 
     def steps_for(self, learner: int, now: float) -> int:
@@ -1030,11 +1030,15 @@ class Leader:
             if entry[0] == ev.meta.incarnation:
                 entry[1] += 1
 
-    def _asked(self, learner: int, incarnation: int | None) -> int | None:
-        """``SendModel.asked``: how many pushes of ``learner``'s ``incarnation``, one that
-        left, were booked (``None``: not asked, or not known)."""
+    def booked_of(self, learner: int, incarnation: int | None) -> int | None:
+        """How many pushes of ``learner``'s ``incarnation`` were booked: the member's, or
+        one that left (``SendModel.asked``; the audit's word on a push in doubt no later
+        process settled). ``None``: not asked, or not known."""
+        member = self.members.get(learner)
         if incarnation is None:
             return None
+        if member is not None and member.incarnation == incarnation:
+            return member.booked
         return next((n for i, n in self.left.get(learner, []) if i == incarnation), None)
 
     def _on_PushRequested(self, ev: PushRequested) -> list[Action]:
